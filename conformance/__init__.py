@@ -1,0 +1,1 @@
+"""ZeroBatch conformance suite: LLMBATCH test vectors, their generator and a runner."""

@@ -1,0 +1,165 @@
+"""LLMBATCH byte layout: the header declared once with ``construct``, and the slot arithmetic.
+
+This module is the reference for every byte of the format (see ``SPEC.md``). The header is a
+single ``construct.Struct``; the core parses and builds headers only through it, so the
+declaration below cannot drift from what readers and writers do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from construct import Bytes, Default, Int32ul, Int64ul, Struct
+
+MAGIC: Final = b"LLMBATCH"
+"""Bytes 0..8 of every LLMBATCH file."""
+
+VERSION: Final = 1
+"""The only format version this specification defines."""
+
+HEADER_SIZE: Final = 4096
+"""The header occupies exactly one 4096-byte page; batch slots start right after it."""
+
+PAGE_SIZE: Final = 4096
+"""Slots are padded to a multiple of this many bytes."""
+
+RESERVED_OFFSET: Final = 40
+"""First reserved byte; bytes ``40..4096`` MUST be zero in version 1."""
+
+RESERVED_SIZE: Final = HEADER_SIZE - RESERVED_OFFSET
+
+DTYPE_UINT32: Final = 0
+"""The only token dtype code defined in version 1: little-endian uint32."""
+
+TOKEN_BYTES: Final = 4
+
+U32_MAX: Final = 2**32 - 1
+U64_MAX: Final = 2**64 - 1
+
+HEADER_STRUCT: Final = Struct(
+    "magic" / Default(Bytes(8), MAGIC),
+    "version" / Default(Int32ul, VERSION),
+    "batch_size" / Int32ul,
+    "seq_len" / Int32ul,
+    "num_batches" / Int64ul,
+    "dtype" / Default(Int32ul, DTYPE_UINT32),
+    "seed" / Int32ul,
+    "total_records" / Int32ul,
+    "reserved" / Default(Bytes(RESERVED_SIZE), bytes(RESERVED_SIZE)),
+)
+"""The 4096-byte header, little-endian, fields at the offsets given in ``SPEC.md``.
+
+``reserved`` is declared as raw bytes rather than ``Padding`` so that a parse returns them and
+validation can insist they are zero (``Padding`` would silently accept anything).
+"""
+
+FIELD_OFFSETS: Final = {
+    "magic": 0,
+    "version": 8,
+    "batch_size": 12,
+    "seq_len": 16,
+    "num_batches": 20,
+    "dtype": 28,
+    "seed": 32,
+    "total_records": 36,
+    "reserved": RESERVED_OFFSET,
+}
+
+
+def raw_batch_bytes(batch_size: int, seq_len: int) -> int:
+    """Bytes of token data in one batch: ``batch_size * seq_len * 4``."""
+    return batch_size * seq_len * TOKEN_BYTES
+
+
+def padded_batch_bytes(batch_size: int, seq_len: int) -> int:
+    """Size of one batch slot: the raw batch size rounded up to a multiple of 4096."""
+    raw = raw_batch_bytes(batch_size, seq_len)
+    return -(-raw // PAGE_SIZE) * PAGE_SIZE
+
+
+def expected_file_size(batch_size: int, seq_len: int, num_batches: int) -> int:
+    """``4096 + num_batches * padded_batch_bytes``, exact (Python integers never overflow)."""
+    return HEADER_SIZE + num_batches * padded_batch_bytes(batch_size, seq_len)
+
+
+def batch_offset(index: int, batch_size: int, seq_len: int) -> int:
+    """Byte offset of batch ``index``'s slot."""
+    return HEADER_SIZE + index * padded_batch_bytes(batch_size, seq_len)
+
+
+@dataclass(frozen=True)
+class Header:
+    """The decoded fields of an LLMBATCH header (magic and reserved bytes are implied)."""
+
+    batch_size: int
+    seq_len: int
+    num_batches: int
+    seed: int
+    total_records: int
+    version: int = VERSION
+    dtype: int = DTYPE_UINT32
+
+    @property
+    def raw_batch_bytes(self) -> int:
+        """Token bytes per batch."""
+        return raw_batch_bytes(self.batch_size, self.seq_len)
+
+    @property
+    def padded_batch_bytes(self) -> int:
+        """Slot size per batch, a multiple of 4096."""
+        return padded_batch_bytes(self.batch_size, self.seq_len)
+
+    @property
+    def file_size(self) -> int:
+        """The exact size a file with this header must have."""
+        return expected_file_size(self.batch_size, self.seq_len, self.num_batches)
+
+    def as_dict(self) -> dict[str, int]:
+        """The header fields as plain integers, in on-disk order."""
+        return {
+            "version": self.version,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "num_batches": self.num_batches,
+            "dtype": self.dtype,
+            "seed": self.seed,
+            "total_records": self.total_records,
+        }
+
+
+def parse_header(data: bytes) -> Header:
+    """Decode the first 4096 bytes of ``data``; does not validate (see ``rules.find_violation``)."""
+    obj: Any = HEADER_STRUCT.parse(data[:HEADER_SIZE])
+    return Header(
+        batch_size=obj.batch_size,
+        seq_len=obj.seq_len,
+        num_batches=obj.num_batches,
+        seed=obj.seed,
+        total_records=obj.total_records,
+        version=obj.version,
+        dtype=obj.dtype,
+    )
+
+
+def build_header(header: Header, *, magic: bytes = MAGIC, reserved: bytes | None = None) -> bytes:
+    """Encode ``header`` as the 4096 header bytes.
+
+    ``magic`` and ``reserved`` exist so conformance vectors can build deliberately broken headers
+    through the same declaration; writers never pass them.
+    """
+    return bytes(
+        HEADER_STRUCT.build(
+            {
+                "magic": magic,
+                "version": header.version,
+                "batch_size": header.batch_size,
+                "seq_len": header.seq_len,
+                "num_batches": header.num_batches,
+                "dtype": header.dtype,
+                "seed": header.seed,
+                "total_records": header.total_records,
+                "reserved": bytes(RESERVED_SIZE) if reserved is None else reserved,
+            }
+        )
+    )

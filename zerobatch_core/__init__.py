@@ -1,0 +1,30 @@
+"""ZeroBatch core: read, write, validate and iterate LLMBATCH files with NumPy only.
+
+The public API is what ``__all__`` lists; everything else is internal.
+"""
+
+from zerobatch_spec import ErrorCode, Header
+
+from .errors import FormatError, StateError, WriteError, ZeroBatchError
+from .loader import BatchNativeLoader
+from .reader import BatchFileReader
+from .validation import ValidationReport, validate_file
+from .writer import write_batch_dataset, write_batch_file
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchFileReader",
+    "BatchNativeLoader",
+    "ErrorCode",
+    "FormatError",
+    "Header",
+    "StateError",
+    "ValidationReport",
+    "WriteError",
+    "ZeroBatchError",
+    "__version__",
+    "validate_file",
+    "write_batch_dataset",
+    "write_batch_file",
+]

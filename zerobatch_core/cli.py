@@ -1,0 +1,195 @@
+"""The ``zerobatch`` command line: inspect, validate, write, conformance, probe, demo.
+
+Exit status: 0 success (a valid file), 1 an invalid file or a failed check, 2 a usage error or
+a file that cannot be opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from .errors import FormatError, ZeroBatchError
+from .reader import BatchFileReader
+from .validation import validate_file
+from .writer import write_batch_file
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"zerobatch: {message}", file=sys.stderr)
+    return status
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    try:
+        reader = BatchFileReader(args.file)
+    except FormatError as e:
+        if args.json:
+            print(json.dumps({"path": e.path, "valid": False,
+                              "error": {"code": e.code.value, "field": e.field,
+                                        "detail": e.detail}}))
+        return _fail(str(e), EXIT_INVALID)
+    with reader:
+        h = reader.header
+        info = {
+            "path": reader.path,
+            **h.as_dict(),
+            "raw_batch_bytes": h.raw_batch_bytes,
+            "padded_batch_bytes": h.padded_batch_bytes,
+            "padding_fraction": 1 - h.raw_batch_bytes / h.padded_batch_bytes,
+            "file_size": h.file_size,
+            "tokens": h.num_batches * h.batch_size * h.seq_len,
+            "dropped_records": h.total_records - h.num_batches * h.batch_size,
+        }
+    if args.json:
+        print(json.dumps(info))
+    else:
+        width = max(len(k) for k in info)
+        for k, v in info.items():
+            shown = f"{v:.4f}" if isinstance(v, float) else v
+            print(f"{k:<{width}}  {shown}")
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    report = validate_file(args.file, deep=args.deep)
+    if args.json:
+        print(json.dumps(report.as_dict()))
+    elif report.valid:
+        h = report.header
+        assert h is not None
+        mode = "deep" if args.deep else "header and size"
+        print(f"OK {report.path}: {h.num_batches} batches of [{h.batch_size}, {h.seq_len}] "
+              f"({mode} checks)")
+    else:
+        print(f"INVALID {report.path}: {report.code}: field {report.field}: {report.detail}")
+    return EXIT_OK if report.valid else EXIT_INVALID
+
+
+def cmd_write(args: argparse.Namespace) -> int:
+    try:
+        tokens = np.load(args.input, mmap_mode="r", allow_pickle=False)
+    except ValueError as e:
+        return _fail(f"{args.input}: not a readable .npy array: {e}", EXIT_USAGE)
+    n = write_batch_file(args.output, tokens, batch_size=args.batch_size, seq_len=args.seq_len,
+                         seed=args.seed)
+    print(f"wrote {args.output}: {n} batches of [{args.batch_size}, {tokens.shape[1]}] "
+          f"from {tokens.shape[0]} records (seed {args.seed}, "
+          f"{tokens.shape[0] - n * args.batch_size} dropped)")
+    return EXIT_OK
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    from zerobatch_conformance.runner import command_answerer, report, run_vectors
+
+    impl = args.impl or f"{shlex.quote(sys.executable)} -m zerobatch_core probe {{path}}"
+    try:
+        answer = command_answerer(impl, timeout_s=args.timeout)
+    except ValueError as e:
+        return _fail(str(e), EXIT_USAGE)
+    kinds = frozenset(args.only.split(",")) if args.only else None
+    outcomes = run_vectors(answer, args.vectors, kinds)
+    return report(outcomes, as_json=args.json)
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from zerobatch_conformance.probe import probe
+
+    print(json.dumps(probe(args.path)))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args.out, records=args.records, seq_len=args.seq_len,
+                    batch_size=args.batch_size)
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= v < 2**32:
+        raise argparse.ArgumentTypeError(f"seed must be in [0, 2**32), got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zerobatch", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect", help="print a file's header and sizes")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("validate", help="check a file against the spec (exit 0 valid, 1 not)")
+    p.add_argument("file")
+    p.add_argument("--deep", action="store_true", help="also read every slot's padding")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("write", help="write a [records, seq_len] .npy array as an LLMBATCH file")
+    p.add_argument("input", help=".npy file of integer tokens, shape [num_records, seq_len]")
+    p.add_argument("output")
+    p.add_argument("--batch-size", type=_positive, required=True)
+    p.add_argument("--seq-len", type=_positive, default=None,
+                   help="expected record length (default: taken from the array)")
+    p.add_argument("--seed", type=_seed, default=0)
+    p.set_defaults(func=cmd_write)
+
+    p = sub.add_parser("conformance", help="run the conformance vectors against an implementation")
+    p.add_argument("--impl", default=None,
+                   help='command with a {path} placeholder (default: this package\'s "probe")')
+    p.add_argument("--vectors", default=None, help="vector directory (default: shipped set)")
+    p.add_argument("--only", default=None, help="comma-separated kinds to run: file,query")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per invocation")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_conformance)
+
+    p = sub.add_parser("probe", help="answer one conformance vector (PROTOCOL.md)")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser("demo", help="write a small dataset and iterate it, printing tokens/s")
+    p.add_argument("--out", default="demo-output")
+    p.add_argument("--records", type=_positive, default=20_000)
+    p.add_argument("--seq-len", type=_positive, default=512)
+    p.add_argument("--batch-size", type=_positive, default=32)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.func(args)
+    except (ZeroBatchError, OSError) as e:
+        return _fail(str(e), EXIT_USAGE if isinstance(e, OSError) else EXIT_INVALID)
+    except KeyboardInterrupt:
+        return 130
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
