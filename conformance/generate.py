@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
 from zerobatch_spec import (
     DOMAIN_RECORDS,
     HEADER_SIZE,
@@ -149,13 +148,17 @@ def small_body(header: Header) -> bytes:
 def invalid_vector(
     vid: str, comment: str, code: str, data: bytes, flags: list[str] | None = None
 ) -> Vector:
-    return Vector(vid, comment, ["invalid", code, *(flags or [])], ".batch", data,
-                  {"valid": False, "error": code})
+    return Vector(
+        vid,
+        comment,
+        ["invalid", code, *(flags or [])],
+        ".batch",
+        data,
+        {"valid": False, "error": code},
+    )
 
 
-def raw_header(
-    header: Header, magic: bytes = b"LLMBATCH", reserved: bytes | None = None
-) -> bytes:
+def raw_header(header: Header, magic: bytes = b"LLMBATCH", reserved: bytes | None = None) -> bytes:
     return build_header(header, magic=magic, reserved=reserved)
 
 
@@ -166,30 +169,71 @@ def reserved_with(offset: int, value: int = 1) -> bytes:
 
 
 def valid_vectors() -> Iterator[Vector]:
-    yield valid_vector("valid-basic", "4x8 batches, 13 records: one dropped", 4, 8, 13, 42,
-                       ["padding", "remainder"])
-    yield valid_vector("valid-no-padding", "raw batch is exactly 4096 bytes", 4, 256, 8, 1,
-                       ["no-padding"])
-    yield valid_vector("valid-multipage-padding", "raw 6000 bytes pad to 8192", 5, 300, 10, 3,
-                       ["padding"])
-    yield valid_vector("valid-two-page-exact", "raw batch is exactly 8192 bytes", 8, 256, 16, 9,
-                       ["no-padding"])
-    yield valid_vector("valid-zero-batches", "3 records, batch_size 4: header only", 4, 8, 3, 7,
-                       ["zero-batches", "remainder"])
+    yield valid_vector(
+        "valid-basic",
+        "4x8 batches, 13 records: one dropped",
+        4,
+        8,
+        13,
+        42,
+        ["padding", "remainder"],
+    )
+    yield valid_vector(
+        "valid-no-padding", "raw batch is exactly 4096 bytes", 4, 256, 8, 1, ["no-padding"]
+    )
+    yield valid_vector(
+        "valid-multipage-padding", "raw 6000 bytes pad to 8192", 5, 300, 10, 3, ["padding"]
+    )
+    yield valid_vector(
+        "valid-two-page-exact", "raw batch is exactly 8192 bytes", 8, 256, 16, 9, ["no-padding"]
+    )
+    yield valid_vector(
+        "valid-zero-batches",
+        "3 records, batch_size 4: header only",
+        4,
+        8,
+        3,
+        7,
+        ["zero-batches", "remainder"],
+    )
     yield valid_vector("valid-zero-records", "no records at all", 2, 2, 0, 0, ["zero-batches"])
-    yield valid_vector("valid-one-token", "batch_size 1, seq_len 1", 1, 1, 5, 11,
-                       ["one-token", "padding"])
+    yield valid_vector(
+        "valid-one-token", "batch_size 1, seq_len 1", 1, 1, 5, 11, ["one-token", "padding"]
+    )
     extremes = np.array([[0, 1, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1]] * 4, dtype=np.uint32)
     extremes[1] = extremes[1][::-1]
     extremes[2, :] = 2**32 - 1
     extremes[3, :] = 0
-    yield valid_vector("valid-token-extremes", "tokens 0, 2^31-1, 2^31, 2^32-1", 2, 6, 4, 0,
-                       ["token-range"], records=extremes)
-    yield valid_vector("valid-total-records-larger", "total_records above batches*batch_size",
-                       2, 4, 6, 8, ["remainder"], total_records_field=1000)
+    yield valid_vector(
+        "valid-token-extremes",
+        "tokens 0, 2^31-1, 2^31, 2^32-1",
+        2,
+        6,
+        4,
+        0,
+        ["token-range"],
+        records=extremes,
+    )
+    yield valid_vector(
+        "valid-total-records-larger",
+        "total_records above batches*batch_size",
+        2,
+        4,
+        6,
+        8,
+        ["remainder"],
+        total_records_field=1000,
+    )
     yield valid_vector("valid-seed-max", "seed 2^32-1", 3, 5, 9, U32_MAX, ["seed"])
-    yield valid_vector("valid-many-batches", "40 batches for block orders", 2, 4, 81, 123,
-                       ["block-order", "remainder"])
+    yield valid_vector(
+        "valid-many-batches",
+        "40 batches for block orders",
+        2,
+        4,
+        81,
+        123,
+        ["block-order", "remainder"],
+    )
     yield valid_vector("valid-one-batch", "exactly one batch", 3, 3, 3, 2, ["padding"])
 
 
@@ -199,111 +243,215 @@ def invalid_vectors() -> Iterator[Vector]:
     full = raw_header(good) + body
     # 1. truncated_header
     for n in (0, 1, 8, 40, 4095):
-        yield invalid_vector(f"truncated-header-{n}", f"file of {n} bytes", "truncated_header",
-                             full[:n], ["off-by-one"] if n == 4095 else [])
+        yield invalid_vector(
+            f"truncated-header-{n}",
+            f"file of {n} bytes",
+            "truncated_header",
+            full[:n],
+            ["off-by-one"] if n == 4095 else [],
+        )
     # 2. bad_magic
-    for name, magic in (("llmbatcx", b"LLMBATCX"), ("lowercase", b"llmbatch"),
-                        ("zeros", bytes(8)), ("nul-terminated", b"LLMBATC\x00")):
-        yield invalid_vector(f"bad-magic-{name}", f"magic {magic!r}", "bad_magic",
-                             raw_header(good, magic=magic) + body)
+    for name, magic in (
+        ("llmbatcx", b"LLMBATCX"),
+        ("lowercase", b"llmbatch"),
+        ("zeros", bytes(8)),
+        ("nul-terminated", b"LLMBATC\x00"),
+    ):
+        yield invalid_vector(
+            f"bad-magic-{name}",
+            f"magic {magic!r}",
+            "bad_magic",
+            raw_header(good, magic=magic) + body,
+        )
     # 3. unsupported_version
     for v in (0, 2, U32_MAX):
-        yield invalid_vector(f"unsupported-version-{v}", f"version {v}", "unsupported_version",
-                             raw_header(small_header(version=v)) + body)
+        yield invalid_vector(
+            f"unsupported-version-{v}",
+            f"version {v}",
+            "unsupported_version",
+            raw_header(small_header(version=v)) + body,
+        )
     # 4. unsupported_dtype
     for d in (1, U32_MAX):
-        yield invalid_vector(f"unsupported-dtype-{d}", f"dtype {d}", "unsupported_dtype",
-                             raw_header(small_header(dtype=d)) + body)
+        yield invalid_vector(
+            f"unsupported-dtype-{d}",
+            f"dtype {d}",
+            "unsupported_dtype",
+            raw_header(small_header(dtype=d)) + body,
+        )
     # 5. invalid_shape
-    yield invalid_vector("invalid-shape-batch-size-0", "batch_size 0", "invalid_shape",
-                         raw_header(small_header(batch_size=0, num_batches=0)))
-    yield invalid_vector("invalid-shape-seq-len-0", "seq_len 0", "invalid_shape",
-                         raw_header(small_header(seq_len=0, num_batches=0)))
-    yield invalid_vector("invalid-shape-both-0", "batch_size and seq_len 0", "invalid_shape",
-                         raw_header(small_header(batch_size=0, seq_len=0)) + body)
+    yield invalid_vector(
+        "invalid-shape-batch-size-0",
+        "batch_size 0",
+        "invalid_shape",
+        raw_header(small_header(batch_size=0, num_batches=0)),
+    )
+    yield invalid_vector(
+        "invalid-shape-seq-len-0",
+        "seq_len 0",
+        "invalid_shape",
+        raw_header(small_header(seq_len=0, num_batches=0)),
+    )
+    yield invalid_vector(
+        "invalid-shape-both-0",
+        "batch_size and seq_len 0",
+        "invalid_shape",
+        raw_header(small_header(batch_size=0, seq_len=0)) + body,
+    )
     # 6. nonzero_reserved
     for off in (40, 2000, 4095):
-        yield invalid_vector(f"nonzero-reserved-{off}", f"byte {off} set", "nonzero_reserved",
-                             raw_header(good, reserved=reserved_with(off)) + body)
+        yield invalid_vector(
+            f"nonzero-reserved-{off}",
+            f"byte {off} set",
+            "nonzero_reserved",
+            raw_header(good, reserved=reserved_with(off)) + body,
+        )
     # 7. size_mismatch
-    yield invalid_vector("size-one-byte-short", "last byte missing", "size_mismatch",
-                         full[:-1], ["off-by-one"])
-    yield invalid_vector("size-one-byte-extra", "one trailing byte", "size_mismatch",
-                         full + b"\x00", ["off-by-one"])
-    yield invalid_vector("size-slot-missing", "num_batches one too high", "size_mismatch",
-                         raw_header(small_header(num_batches=3, total_records=6)) + body)
-    yield invalid_vector("size-slot-extra", "a whole extra slot", "size_mismatch",
-                         full + bytes(good.padded_batch_bytes))
-    yield invalid_vector("size-header-only-claims-batches", "header only, num_batches 2",
-                         "size_mismatch", raw_header(good))
-    yield invalid_vector("size-overflow-max", "num_batches 2^64-1", "size_mismatch",
-                         raw_header(small_header(num_batches=U64_MAX, total_records=U32_MAX))
-                         + body, ["overflow"])
+    yield invalid_vector(
+        "size-one-byte-short", "last byte missing", "size_mismatch", full[:-1], ["off-by-one"]
+    )
+    yield invalid_vector(
+        "size-one-byte-extra", "one trailing byte", "size_mismatch", full + b"\x00", ["off-by-one"]
+    )
+    yield invalid_vector(
+        "size-slot-missing",
+        "num_batches one too high",
+        "size_mismatch",
+        raw_header(small_header(num_batches=3, total_records=6)) + body,
+    )
+    yield invalid_vector(
+        "size-slot-extra",
+        "a whole extra slot",
+        "size_mismatch",
+        full + bytes(good.padded_batch_bytes),
+    )
+    yield invalid_vector(
+        "size-header-only-claims-batches",
+        "header only, num_batches 2",
+        "size_mismatch",
+        raw_header(good),
+    )
+    yield invalid_vector(
+        "size-overflow-max",
+        "num_batches 2^64-1",
+        "size_mismatch",
+        raw_header(small_header(num_batches=U64_MAX, total_records=U32_MAX)) + body,
+        ["overflow"],
+    )
     # num_batches * 4096 wraps modulo 2^64 to exactly this file's slot bytes.
     wrap = (1 << 52) + 2
-    yield invalid_vector("size-overflow-wraps", "num_batches*padded wraps to the real size",
-                         "size_mismatch",
-                         raw_header(small_header(num_batches=wrap, total_records=U32_MAX))
-                         + body, ["overflow"])
+    yield invalid_vector(
+        "size-overflow-wraps",
+        "num_batches*padded wraps to the real size",
+        "size_mismatch",
+        raw_header(small_header(num_batches=wrap, total_records=U32_MAX)) + body,
+        ["overflow"],
+    )
     # 8. record_count_mismatch
-    yield invalid_vector("record-count-one-short", "total_records = batches*B - 1",
-                         "record_count_mismatch", raw_header(small_header(total_records=3))
-                         + body, ["off-by-one"])
-    yield invalid_vector("record-count-zero", "total_records 0 with batches",
-                         "record_count_mismatch", raw_header(small_header(total_records=0))
-                         + body)
+    yield invalid_vector(
+        "record-count-one-short",
+        "total_records = batches*B - 1",
+        "record_count_mismatch",
+        raw_header(small_header(total_records=3)) + body,
+        ["off-by-one"],
+    )
+    yield invalid_vector(
+        "record-count-zero",
+        "total_records 0 with batches",
+        "record_count_mismatch",
+        raw_header(small_header(total_records=0)) + body,
+    )
     # deep: nonzero_padding
     first = bytearray(full)
     first[HEADER_SIZE + good.raw_batch_bytes] = 1
-    yield invalid_vector("nonzero-padding-first", "first padding byte of batch 0",
-                         "nonzero_padding", bytes(first), ["deep"])
+    yield invalid_vector(
+        "nonzero-padding-first",
+        "first padding byte of batch 0",
+        "nonzero_padding",
+        bytes(first),
+        ["deep"],
+    )
     last = bytearray(full)
     last[-1] = 0x80
-    yield invalid_vector("nonzero-padding-last", "last byte of the file", "nonzero_padding",
-                         bytes(last), ["deep"])
+    yield invalid_vector(
+        "nonzero-padding-last", "last byte of the file", "nonzero_padding", bytes(last), ["deep"]
+    )
     # rule order: the first failing rule wins
     order_cases: list[tuple[str, str, bytes]] = [
         ("truncated-and-bad-magic", "truncated_header", b"NOTLLMBA"),
-        ("magic-and-version", "bad_magic",
-         raw_header(small_header(version=9), magic=b"XXXXXXXX") + body),
-        ("version-and-dtype", "unsupported_version",
-         raw_header(small_header(version=2, dtype=1)) + body),
-        ("dtype-and-shape", "unsupported_dtype",
-         raw_header(small_header(dtype=3, batch_size=0)) + body),
-        ("shape-and-reserved", "invalid_shape",
-         raw_header(small_header(seq_len=0), reserved=reserved_with(100)) + body),
-        ("reserved-and-size", "nonzero_reserved",
-         raw_header(good, reserved=reserved_with(41)) + body[:-5]),
-        ("size-and-record-count", "size_mismatch",
-         raw_header(small_header(total_records=0)) + body + b"\x00"),
-        ("record-count-and-padding", "record_count_mismatch",
-         raw_header(small_header(total_records=1)) + bytes(first[HEADER_SIZE:])),
+        (
+            "magic-and-version",
+            "bad_magic",
+            raw_header(small_header(version=9), magic=b"XXXXXXXX") + body,
+        ),
+        (
+            "version-and-dtype",
+            "unsupported_version",
+            raw_header(small_header(version=2, dtype=1)) + body,
+        ),
+        (
+            "dtype-and-shape",
+            "unsupported_dtype",
+            raw_header(small_header(dtype=3, batch_size=0)) + body,
+        ),
+        (
+            "shape-and-reserved",
+            "invalid_shape",
+            raw_header(small_header(seq_len=0), reserved=reserved_with(100)) + body,
+        ),
+        (
+            "reserved-and-size",
+            "nonzero_reserved",
+            raw_header(good, reserved=reserved_with(41)) + body[:-5],
+        ),
+        (
+            "size-and-record-count",
+            "size_mismatch",
+            raw_header(small_header(total_records=0)) + body + b"\x00",
+        ),
+        (
+            "record-count-and-padding",
+            "record_count_mismatch",
+            raw_header(small_header(total_records=1)) + bytes(first[HEADER_SIZE:]),
+        ),
     ]
     for name, code, data in order_cases:
-        yield invalid_vector(f"order-{name}", f"several rules broken; {code} comes first",
-                             code, data, ["rule-order"])
+        yield invalid_vector(
+            f"order-{name}", f"several rules broken; {code} comes first", code, data, ["rule-order"]
+        )
 
 
 def query_vector(vid: str, comment: str, query: dict[str, Any], result: list[int]) -> Vector:
     data = (json.dumps(query, sort_keys=True) + "\n").encode()
-    return Vector(vid, comment, ["query", str(query["op"])], ".query.json", data,
-                  {"result": result})
+    return Vector(
+        vid, comment, ["query", str(query["op"])], ".query.json", data, {"result": result}
+    )
 
 
 def query_vectors() -> Iterator[Vector]:
     for n, seed in ((1, 0), (2, 0), (2, 1), (10, 42), (100, 0), (1000, U32_MAX), (4097, 9)):
         src = permute_array(np.arange(n, dtype=np.uint64), n, seed, DOMAIN_RECORDS)
-        yield query_vector(f"record-permutation-n{n}-seed{seed}",
-                           f"writer permutation of {n} records",
-                           {"op": "record_permutation", "total_records": n, "seed": seed},
-                           [int(x) for x in src])
-    for nb, bs, seed, ep in ((1, 1, 0, 0), (7, 2, 3, 0), (7, 2, 3, 1), (100, 8, 42, 5),
-                             (1000, 64, U32_MAX, 2**40), (513, 256, 1, 0), (5, 10, 1, 1)):
-        yield query_vector(f"block-order-n{nb}-b{bs}-s{seed}-e{ep}",
-                           "block order with a short last block" if nb % bs else "block order",
-                           {"op": "block_order", "num_batches": nb, "block_size": bs,
-                            "seed": seed, "epoch": ep},
-                           epoch_order(nb, bs, epoch_key(seed, ep)).tolist())
+        yield query_vector(
+            f"record-permutation-n{n}-seed{seed}",
+            f"writer permutation of {n} records",
+            {"op": "record_permutation", "total_records": n, "seed": seed},
+            [int(x) for x in src],
+        )
+    for nb, bs, seed, ep in (
+        (1, 1, 0, 0),
+        (7, 2, 3, 0),
+        (7, 2, 3, 1),
+        (100, 8, 42, 5),
+        (1000, 64, U32_MAX, 2**40),
+        (513, 256, 1, 0),
+        (5, 10, 1, 1),
+    ):
+        yield query_vector(
+            f"block-order-n{nb}-b{bs}-s{seed}-e{ep}",
+            "block order with a short last block" if nb % bs else "block order",
+            {"op": "block_order", "num_batches": nb, "block_size": bs, "seed": seed, "epoch": ep},
+            epoch_order(nb, bs, epoch_key(seed, ep)).tolist(),
+        )
 
 
 ALL: tuple[Callable[[], Iterator[Vector]], ...] = (valid_vectors, invalid_vectors, query_vectors)
@@ -318,16 +466,20 @@ def write_vectors(directory: str) -> int:
             name = v.id + v.suffix
             with open(os.path.join(directory, name), "wb") as f:
                 f.write(v.data)
-            doc = {"id": v.id, "comment": v.comment, "flags": v.flags, "input": name,
-                   "expected": v.expected, **v.extra}
-            with open(os.path.join(directory, v.id + ".expected.json"), "w",
-                      encoding="utf-8") as f:
+            doc = {
+                "id": v.id,
+                "comment": v.comment,
+                "flags": v.flags,
+                "input": name,
+                "expected": v.expected,
+                **v.extra,
+            }
+            with open(os.path.join(directory, v.id + ".expected.json"), "w", encoding="utf-8") as f:
                 json.dump(doc, f, indent=1, sort_keys=True)
                 f.write("\n")
             index.append({"id": v.id, "input": name, "flags": v.flags, "comment": v.comment})
     with open(os.path.join(directory, "index.json"), "w", encoding="utf-8") as f:
-        json.dump({"format": "zerobatch.conformance", "version": 1, "vectors": index}, f,
-                  indent=1)
+        json.dump({"format": "zerobatch.conformance", "version": 1, "vectors": index}, f, indent=1)
         f.write("\n")
     return len(index)
 
@@ -349,8 +501,10 @@ def default_directory() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zerobatch_conformance.generate",
-                                     description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="python -m zerobatch_conformance.generate",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
     parser.add_argument("directory", nargs="?", default=None, help="vector directory")
     parser.add_argument("--check", action="store_true", help="verify instead of writing")
     args = parser.parse_args(argv)

@@ -60,9 +60,7 @@ def answer_query(query: dict[str, Any]) -> dict[str, Any]:
     if op == "record_permutation":
         return {"result": record_permutation(int(query["total_records"]), int(query["seed"]))}
     if op == "block_order":
-        order = BlockOrder(
-            int(query["num_batches"]), int(query["block_size"]), int(query["seed"])
-        )
+        order = BlockOrder(int(query["num_batches"]), int(query["block_size"]), int(query["seed"]))
         return {"result": order.epoch_order(int(query["epoch"])).tolist()}
     return {"unsupported": True}
 

@@ -43,8 +43,14 @@ def command_answerer(template: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Ans
 
     def run(path: str) -> dict[str, Any]:
         argv = [p.replace("{path}", path) for p in parts]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"exit status {proc.returncode}: {proc.stderr.strip()[-500:]}")
         out = json.loads(proc.stdout)
@@ -88,8 +94,9 @@ def run_vectors(
             kind = "query" if entry["input"].endswith(".query.json") else "file"
             if kinds is not None and kind not in kinds:
                 continue
-            with open(os.path.join(directory, entry["id"] + ".expected.json"),
-                      encoding="utf-8") as f:
+            with open(
+                os.path.join(directory, entry["id"] + ".expected.json"), encoding="utf-8"
+            ) as f:
                 expected = json.load(f)["expected"]
             checks = [(entry["id"], os.path.join(directory, entry["input"]), expected)]
             if expected.get("valid") and (kinds is None or "query" in kinds):
@@ -98,9 +105,16 @@ def run_vectors(
                     qid = f"{entry['id']}/order-b{case['block_size']}-e{case['epoch']}"
                     qpath = os.path.join(tmp, qid.replace("/", "--") + ".query.json")
                     with open(qpath, "w", encoding="utf-8") as q:
-                        json.dump({"op": "block_order", "num_batches": num_batches,
-                                   "block_size": case["block_size"], "seed": case["seed"],
-                                   "epoch": case["epoch"]}, q)
+                        json.dump(
+                            {
+                                "op": "block_order",
+                                "num_batches": num_batches,
+                                "block_size": case["block_size"],
+                                "seed": case["seed"],
+                                "epoch": case["epoch"],
+                            },
+                            q,
+                        )
                     checks.append((qid, qpath, {"result": case["order"]}))
             for vid, path, exp in checks:
                 try:
@@ -116,12 +130,20 @@ def report(outcomes: list[Outcome], stream: Any = None, as_json: bool = False) -
     stream = stream or sys.stdout
     failed = [o for o in outcomes if not o.passed]
     if as_json:
-        json.dump({"passed": len(outcomes) - len(failed), "failed": len(failed),
-                   "results": [o.__dict__ for o in outcomes]}, stream, indent=1)
+        json.dump(
+            {
+                "passed": len(outcomes) - len(failed),
+                "failed": len(failed),
+                "results": [o.__dict__ for o in outcomes],
+            },
+            stream,
+            indent=1,
+        )
         stream.write("\n")
     else:
         for o in outcomes:
-            stream.write(f"{'PASS' if o.passed else 'FAIL'} {o.id}"
-                         f"{'' if o.passed else ': ' + o.reason}\n")
+            stream.write(
+                f"{'PASS' if o.passed else 'FAIL'} {o.id}{'' if o.passed else ': ' + o.reason}\n"
+            )
         stream.write(f"conformance: {len(outcomes) - len(failed)} passed, {len(failed)} failed\n")
     return 1 if failed or not outcomes else 0

@@ -124,9 +124,7 @@ def _feistel_array(x: IndexArray, h: int, keys: list[int], inverse: bool) -> Ind
     return result
 
 
-def _walk_array(
-    indices: npt.ArrayLike, n: int, key: int, domain: int, inverse: bool
-) -> IndexArray:
+def _walk_array(indices: npt.ArrayLike, n: int, key: int, domain: int, inverse: bool) -> IndexArray:
     x = np.array(indices, dtype=np.uint64, copy=True)
     if x.size and int(x.max()) >= n:
         raise IndexError(f"index {int(x.max())} is outside [0, {n})")

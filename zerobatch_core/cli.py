@@ -32,9 +32,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         reader = BatchFileReader(args.file)
     except FormatError as e:
         if args.json:
-            print(json.dumps({"path": e.path, "valid": False,
-                              "error": {"code": e.code.value, "field": e.field,
-                                        "detail": e.detail}}))
+            print(
+                json.dumps(
+                    {
+                        "path": e.path,
+                        "valid": False,
+                        "error": {"code": e.code.value, "field": e.field, "detail": e.detail},
+                    }
+                )
+            )
         return _fail(str(e), EXIT_INVALID)
     with reader:
         h = reader.header
@@ -66,8 +72,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         h = report.header
         assert h is not None
         mode = "deep" if args.deep else "header and size"
-        print(f"OK {report.path}: {h.num_batches} batches of [{h.batch_size}, {h.seq_len}] "
-              f"({mode} checks)")
+        print(
+            f"OK {report.path}: {h.num_batches} batches of [{h.batch_size}, {h.seq_len}] "
+            f"({mode} checks)"
+        )
     else:
         print(f"INVALID {report.path}: {report.code}: field {report.field}: {report.detail}")
     return EXIT_OK if report.valid else EXIT_INVALID
@@ -78,11 +86,14 @@ def cmd_write(args: argparse.Namespace) -> int:
         tokens = np.load(args.input, mmap_mode="r", allow_pickle=False)
     except ValueError as e:
         return _fail(f"{args.input}: not a readable .npy array: {e}", EXIT_USAGE)
-    n = write_batch_file(args.output, tokens, batch_size=args.batch_size, seq_len=args.seq_len,
-                         seed=args.seed)
-    print(f"wrote {args.output}: {n} batches of [{args.batch_size}, {tokens.shape[1]}] "
-          f"from {tokens.shape[0]} records (seed {args.seed}, "
-          f"{tokens.shape[0] - n * args.batch_size} dropped)")
+    n = write_batch_file(
+        args.output, tokens, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed
+    )
+    print(
+        f"wrote {args.output}: {n} batches of [{args.batch_size}, {tokens.shape[1]}] "
+        f"from {tokens.shape[0]} records (seed {args.seed}, "
+        f"{tokens.shape[0] - n * args.batch_size} dropped)"
+    )
     return EXIT_OK
 
 
@@ -109,8 +120,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(args.out, records=args.records, seq_len=args.seq_len,
-                    batch_size=args.batch_size)
+    return run_demo(
+        args.out, records=args.records, seq_len=args.seq_len, batch_size=args.batch_size
+    )
 
 
 def _positive(text: str) -> int:
@@ -152,14 +164,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help=".npy file of integer tokens, shape [num_records, seq_len]")
     p.add_argument("output")
     p.add_argument("--batch-size", type=_positive, required=True)
-    p.add_argument("--seq-len", type=_positive, default=None,
-                   help="expected record length (default: taken from the array)")
+    p.add_argument(
+        "--seq-len",
+        type=_positive,
+        default=None,
+        help="expected record length (default: taken from the array)",
+    )
     p.add_argument("--seed", type=_seed, default=0)
     p.set_defaults(func=cmd_write)
 
     p = sub.add_parser("conformance", help="run the conformance vectors against an implementation")
-    p.add_argument("--impl", default=None,
-                   help='command with a {path} placeholder (default: this package\'s "probe")')
+    p.add_argument(
+        "--impl",
+        default=None,
+        help='command with a {path} placeholder (default: this package\'s "probe")',
+    )
     p.add_argument("--vectors", default=None, help="vector directory (default: shipped set)")
     p.add_argument("--only", default=None, help="comma-separated kinds to run: file,query")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per invocation")

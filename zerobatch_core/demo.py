@@ -28,12 +28,15 @@ def run_demo(out_dir: str, records: int = 20_000, seq_len: int = 512, batch_size
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "demo.batch")
     t0 = time.perf_counter()
-    n = write_batch_dataset(path, _synthetic_records(records, seq_len), records, batch_size,
-                            seq_len, seed=42)
+    n = write_batch_dataset(
+        path, _synthetic_records(records, seq_len), records, batch_size, seq_len, seed=42
+    )
     dt = time.perf_counter() - t0
     size = os.path.getsize(path)
-    print(f"wrote {path}: {n} batches of [{batch_size}, {seq_len}], {size / 2**20:.1f} MiB "
-          f"in {dt:.2f} s ({size / dt / 2**20:.0f} MiB/s)")
+    print(
+        f"wrote {path}: {n} batches of [{batch_size}, {seq_len}], {size / 2**20:.1f} MiB "
+        f"in {dt:.2f} s ({size / dt / 2**20:.0f} MiB/s)"
+    )
     dtypes: tuple[OutputDType, ...] = ("uint32", "int32", "int64")
     for dtype in dtypes:
         loader = BatchNativeLoader(path, block_size=64, dtype=dtype)
@@ -46,8 +49,10 @@ def run_demo(out_dir: str, records: int = 20_000, seq_len: int = 512, batch_size
                     checksum += int(batch.sum(dtype=np.uint64))
             dt = time.perf_counter() - t0
             tokens = n * batch_size * seq_len
-            print(f"  {dtype:>6} {mode:>7}: {tokens / dt / 1e9:6.2f}G tokens/s "
-                  f"({n} batches in {dt * 1e3:.1f} ms)")
+            print(
+                f"  {dtype:>6} {mode:>7}: {tokens / dt / 1e9:6.2f}G tokens/s "
+                f"({n} batches in {dt * 1e3:.1f} ms)"
+            )
         loader.reader.close()
     print(f"dataset kept at {path}; inspect it with: zerobatch inspect {path}")
     return 0

@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-
 from zerobatch_spec.shuffle import MASK64
 
 from .errors import StateError
@@ -106,7 +105,7 @@ class BatchNativeLoader:
         return self.order.epoch_order(self._epoch if epoch is None else _u64("epoch", epoch))
 
     def _indices(self, epoch: int, start: int) -> Iterator[int]:
-        """Batch indices of ``epoch`` from ``start`` on, asking the kernel to read each block ahead."""
+        """Batch indices of ``epoch`` from ``start`` on; each next block is read ahead."""
         spans = self.order.spans(epoch, start)
         current = next(spans, None)
         if current is not None:
@@ -168,8 +167,15 @@ class BatchNativeLoader:
         if state.get("version") != STATE_VERSION:
             raise StateError(f"unsupported loader state version {state.get('version')!r}")
         mine = self.state_dict()
-        for key in ("seed", "block_size", "shuffle", "num_batches", "batch_size", "seq_len",
-                    "file_seed"):
+        for key in (
+            "seed",
+            "block_size",
+            "shuffle",
+            "num_batches",
+            "batch_size",
+            "seq_len",
+            "file_seed",
+        ):
             if state.get(key) != mine[key]:
                 raise StateError(
                     f"{self.reader.path}: state has {key}={state.get(key)!r} but this loader "

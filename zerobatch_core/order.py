@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-
 from zerobatch_spec import block_at, epoch_key, num_blocks, unpermute
 from zerobatch_spec.shuffle import DOMAIN_BLOCKS
 

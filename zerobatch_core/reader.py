@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import operator
 import os
@@ -10,7 +11,6 @@ from types import TracebackType
 
 import numpy as np
 import numpy.typing as npt
-
 from zerobatch_spec import HEADER_SIZE, ErrorCode, Header, Violation, check_header
 
 from .errors import FormatError, ZeroBatchError
@@ -141,7 +141,9 @@ class BatchFileReader:
 
     def read_batch(self, index: int) -> U32Array:
         """Batch ``index`` as a read-only uint32 ``[batch_size, seq_len]`` view (no copy)."""
-        return self._tokens[self._index(index)]
+        i = self._index(index)  # first: raises if closed, before the views are touched
+        batch: U32Array = self._tokens[i]
+        return batch
 
     __getitem__ = read_batch
 
@@ -151,17 +153,18 @@ class BatchFileReader:
         Exact only for token ids below 2**31; larger ids read as negative numbers. Use
         ``read_batch_int64`` when the vocabulary may exceed that.
         """
-        return self._tokens_i32[self._index(index)]
+        i = self._index(index)  # first: raises if closed, before the views are touched
+        batch: I32Array = self._tokens_i32[i]
+        return batch
 
     def read_batch_int64(self, index: int, out: I64Array | None = None) -> I64Array:
         """Batch ``index`` converted to int64: a new array, or written into ``out`` if given."""
-        view = self._tokens[self._index(index)]
+        i = self._index(index)
+        view: U32Array = self._tokens[i]
         if out is None:
             return view.astype(np.int64)
         if out.shape != view.shape or out.dtype != np.int64:
-            raise ValueError(
-                f"out must be int64 {view.shape}, got {out.dtype} {out.shape}"
-            )
+            raise ValueError(f"out must be int64 {view.shape}, got {out.dtype} {out.shape}")
         np.copyto(out, view, casting="safe")
         return out
 
@@ -202,10 +205,9 @@ class BatchFileReader:
             return
         self._closed = True
         del self._tokens, self._tokens_i32, self._slots
-        try:
+        # If the caller still holds views, the mapping is unmapped when the last one goes.
+        with contextlib.suppress(BufferError):
             self._mmap.close()
-        except BufferError:
-            pass  # caller still holds views; the mapping is unmapped when the last one goes
 
     def __enter__(self) -> BatchFileReader:
         return self

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from zerobatch_spec import ErrorCode, Header, Violation
 
 from .errors import FormatError

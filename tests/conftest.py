@@ -1,0 +1,35 @@
+"""Fixtures shared by every test layer."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import records
+from zerobatch_core import write_batch_file
+
+
+@pytest.fixture
+def make_file(tmp_path: Path) -> Callable[..., Path]:
+    """Write a small LLMBATCH file from unique records and return its path."""
+
+    def make(
+        n: int = 40, seq_len: int = 8, batch_size: int = 4, seed: int = 7, name: str = "f.batch"
+    ) -> Path:
+        path = tmp_path / name
+        write_batch_file(path, records(n, seq_len), batch_size=batch_size, seed=seed)
+        return path
+
+    return make
+
+
+@pytest.fixture
+def vectors_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "conformance" / "vectors"
+
+
+def pytest_report_header() -> str:
+    return f"zerobatch tests, cpu count {os.cpu_count()}"

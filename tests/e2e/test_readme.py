@@ -1,0 +1,23 @@
+"""Every Python example in README.md runs as written."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_has_examples() -> None:
+    assert len(BLOCKS) >= 3
+
+
+def test_readme_examples_run_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for i, block in enumerate(BLOCKS):
+        exec(compile(block, f"README.md python block {i}", "exec"), {"__name__": "__readme__"})
+    assert os.path.getsize("train.batch") == 4096 + 62 * 8192
