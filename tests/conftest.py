@@ -33,3 +33,14 @@ def vectors_dir() -> Path:
 
 def pytest_report_header() -> str:
     return f"zerobatch tests, cpu count {os.cpu_count()}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With ZEROBATCH_REQUIRE_FRAMEWORKS=1 (CI), a skipped test fails the run."""
+    if os.environ.get("ZEROBATCH_REQUIRE_FRAMEWORKS") != "1":
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped:
+        print(f"\n{len(skipped)} skipped test(s): skips are failures in CI")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+from typing import Any
+
 import numpy as np
+import pytest
 import numpy.typing as npt
 from zerobatch_spec import record_source
 
@@ -20,3 +25,14 @@ def expected_batches(
     nb = n // batch_size
     idx = [record_source(p, n, seed) for p in range(nb * batch_size)]
     return np.asarray(source, dtype=np.uint32)[idx].reshape(nb, batch_size, t)
+
+
+def require(module: str) -> Any:
+    """Import a framework for an adapter test: skip locally if it is missing, fail in CI.
+
+    ``make test`` sets ``ZEROBATCH_REQUIRE_FRAMEWORKS=1``, where a missing framework is an
+    error and any skipped test fails the run (see ``conftest.py``).
+    """
+    if os.environ.get("ZEROBATCH_REQUIRE_FRAMEWORKS") == "1":
+        return importlib.import_module(module)
+    return pytest.importorskip(module)

@@ -1,4 +1,4 @@
-"""``BatchNativeLoader``: block-shuffled, resumable iteration over one LLMBATCH file.
+"""``BatchNativeLoader``: block-shuffled, resumable, rank- and worker-aware iteration.
 
 An epoch serves every batch once: blocks of ``block_size`` consecutive batches in the order
 ``SPEC.md`` pins (keyed by ``seed XOR epoch``), and batches in file order inside a block, so
@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any, Literal
+from itertools import islice
+from typing import Any, Literal, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
 from zerobatch_spec.shuffle import MASK64
 
+from .distributed import rank_rows
 from .errors import StateError
 from .order import BlockOrder
 from .reader import BatchFileReader
@@ -24,6 +26,8 @@ from .reader import BatchFileReader
 OutputDType = Literal["uint32", "int32", "int64"]
 STATE_FORMAT = "zerobatch.BatchNativeLoader"
 STATE_VERSION = 1
+U32Batch = npt.NDArray[np.uint32]
+Item = Any  # one batch array, or an (inputs, labels) pair of arrays
 DEFAULT_BLOCK_SIZE = 256
 
 
@@ -42,9 +46,17 @@ class BatchNativeLoader:
     ``dtype`` picks the output: ``"uint32"`` (zero-copy view, the default), ``"int32"``
     (zero-copy view, exact for ids below 2**31) or ``"int64"`` (a new array per batch).
     ``seed`` defaults to the seed stored in the file. ``shuffle=False`` serves file order.
+    With ``next_token=True`` each item is ``(inputs, labels)``: the batch without its last
+    token (in ``dtype``) and without its first token (always int64, as cross-entropy wants).
 
-    The loader advances its cursor as it hands out batches: after the last batch of epoch ``e``
-    the cursor is ``(e + 1, 0)``, so a plain second ``for`` loop sees the next epoch's order.
+    Data parallelism: with ``world_size`` ranks, every rank walks the same order and gets its
+    own ``batch_size // world_size`` contiguous rows of each batch, so one step of all ranks
+    is one whole batch and no row is served twice. Worker processes of one rank split the
+    steps instead (``split_workers``): worker ``w`` of ``k`` serves steps ``w, w + k, ...``, the
+    round-robin order in which a PyTorch ``DataLoader`` collects them.
+
+    The loader advances its cursor as it hands out items: after its last step of epoch ``e``
+    the cursor is at epoch ``e + 1``, so a plain second ``for`` loop sees the next epoch's order.
     ``set_epoch(e)`` moves to the start of epoch ``e`` (and keeps the position if ``e`` is
     already the current epoch, so the usual ``set_epoch`` loop resumes correctly).
 
@@ -63,6 +75,9 @@ class BatchNativeLoader:
         seed: int | None = None,
         epoch: int = 0,
         dtype: OutputDType = "uint32",
+        rank: int = 0,
+        world_size: int = 1,
+        next_token: bool = False,
     ) -> None:
         self.reader = path if isinstance(path, BatchFileReader) else BatchFileReader(path)
         if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
@@ -71,37 +86,66 @@ class BatchNativeLoader:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
         if dtype not in ("uint32", "int32", "int64"):
             raise ValueError(f"dtype must be 'uint32', 'int32' or 'int64', got {dtype!r}")
+        if next_token and self.reader.seq_len < 2:
+            raise ValueError(f"{self.reader.path}: next_token needs seq_len >= 2")
         self.block_size = int(block_size)
         self.shuffle = bool(shuffle)
         self.seed = _u64("seed", self.reader.seed if seed is None else seed)
         self.dtype: OutputDType = dtype
-        self._epoch = _u64("epoch", epoch)
-        self._step = 0
+        self.next_token = bool(next_token)
+        self.rank, self.world_size = rank, world_size
+        self.rows = rank_rows(self.reader.batch_size, rank, world_size)
         self.order = BlockOrder(self.reader.num_batches, self.block_size, self.seed, self.shuffle)
+        self._epoch = _u64("epoch", epoch)
+        self._stride, self._phase = 1, 0
+        self._step = 0
 
     # -- order -----------------------------------------------------------------------------
     def __len__(self) -> int:
-        """Batches per epoch."""
+        """Steps (batches of the file) per epoch, over all workers."""
         return self.reader.num_batches
 
     @property
     def epoch(self) -> int:
-        """Epoch of the next batch."""
+        """Epoch of the next item."""
         return self._epoch
 
     @property
     def step(self) -> int:
-        """Batches already served in the current epoch."""
+        """Serving position of the next item in the current epoch."""
         return self._step
+
+    @property
+    def batch_shape(self) -> tuple[int, int]:
+        """Shape of one rank's batch: ``(batch_size // world_size, seq_len)``."""
+        return (self.rows.stop - self.rows.start, self.reader.seq_len)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (a no-op if it is already the current epoch)."""
         e = _u64("epoch", epoch)
         if e != self._epoch:
-            self._epoch, self._step = e, 0
+            self._epoch, self._step = e, self._phase
+
+    def split_workers(self, worker: int, num_workers: int) -> None:
+        """Serve only steps ``worker, worker + num_workers, ...`` from the current cursor on.
+
+        Called once in each worker process. A loader restored from a worker's own state keeps
+        it; a state saved with a different worker layout cannot be split again.
+        """
+        if not 0 <= worker < num_workers:
+            raise ValueError(f"worker {worker} is outside num_workers {num_workers}")
+        if (self._stride, self._phase) == (num_workers, worker):
+            return
+        if self._stride != 1:
+            raise StateError(
+                f"loader already split as worker {self._phase} of {self._stride}; cannot "
+                f"become worker {worker} of {num_workers}"
+            )
+        self._stride, self._phase = num_workers, worker
+        self._step += worker
 
     def epoch_order(self, epoch: int | None = None) -> npt.NDArray[np.int64]:
-        """Batch indices of a whole epoch in serving order (default: the current epoch)."""
+        """Batch indices of a whole epoch in serving order, all workers together."""
         return self.order.epoch_order(self._epoch if epoch is None else _u64("epoch", epoch))
 
     def _indices(self, epoch: int, start: int) -> Iterator[int]:
@@ -118,29 +162,32 @@ class BatchNativeLoader:
             current = upcoming
 
     # -- iteration -------------------------------------------------------------------------
-    def _read(self, index: int) -> npt.NDArray[Any]:
-        if self.dtype == "uint32":
-            return self.reader.read_batch(index)
-        if self.dtype == "int32":
-            return self.reader.read_batch_int32(index)
-        return self.reader.read_batch_int64(index)
+    def _item(self, index: int) -> Item:
+        batch: U32Batch = self.reader.read_batch(index)[self.rows]
+        if not self.next_token:
+            return _convert(batch, self.dtype)
+        return _convert(batch[:, :-1], self.dtype), batch[:, 1:].astype(np.int64)
 
-    def __iter__(self) -> Iterator[npt.NDArray[Any]]:
-        """Serve the rest of the current epoch, advancing the cursor with every batch.
+    def __iter__(self) -> Iterator[Item]:
+        """Serve the rest of the current epoch, advancing the cursor with every item.
 
         Moving the cursor from outside (``set_epoch``, ``load_state_dict``) ends the pass.
         """
-        epoch, n = self._epoch, self.reader.num_batches
+        epoch, n, stride = self._epoch, len(self), self._stride
         expected = self._step
-        for index in self._indices(epoch, expected):
+        if expected >= n:  # nothing left for this worker in this epoch
+            self._epoch, self._step = epoch + 1, self._phase
+            return
+        for index in islice(self._indices(epoch, expected), 0, None, stride):
             if (self._epoch, self._step) != (epoch, expected):
                 return
-            batch = self._read(index)
-            expected += 1
-            self._step = expected
-            if expected == n:
-                self._epoch, self._step = epoch + 1, 0
-            yield batch
+            item = self._item(index)
+            expected += stride
+            if expected >= n:
+                self._epoch, self._step = epoch + 1, self._phase
+            else:
+                self._step = expected
+            yield item
 
     # -- checkpointing ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -151,6 +198,8 @@ class BatchNativeLoader:
             "version": STATE_VERSION,
             "epoch": self._epoch,
             "step": self._step,
+            "num_workers": self._stride,
+            "worker": self._phase,
             "seed": self.seed,
             "block_size": self.block_size,
             "shuffle": self.shuffle,
@@ -161,7 +210,10 @@ class BatchNativeLoader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at the cursor saved by ``state_dict``; the order parameters must match."""
+        """Resume at the cursor saved by ``state_dict``; the order parameters must match.
+
+        The rank and world size may differ from the saving run's: the cursor counts steps.
+        """
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise StateError(f"not a {STATE_FORMAT} state: {state!r:.200}")
         if state.get("version") != STATE_VERSION:
@@ -181,10 +233,36 @@ class BatchNativeLoader:
                     f"{self.reader.path}: state has {key}={state.get(key)!r} but this loader "
                     f"has {key}={mine[key]!r}"
                 )
-        epoch, step = state.get("epoch"), state.get("step")
-        e = _u64("epoch", epoch)
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= len(self):
+        e = _u64("epoch", state.get("epoch"))
+        step, workers, worker = state.get("step"), state.get("num_workers"), state.get("worker")
+        if not _is_int(workers) or workers < 1 or not _is_int(worker):
+            raise StateError(f"state num_workers={workers!r}, worker={worker!r} are invalid")
+        if not 0 <= worker < workers:
+            raise StateError(f"state worker {worker} is outside num_workers {workers}")
+        if not _is_int(step) or not (0 <= step <= len(self) or step == worker):
             raise StateError(f"state step {step!r} is outside [0, {len(self)}]")
-        if step == len(self) and step > 0:
-            e, step = e + 1, 0  # a finished epoch is the start of the next
+        if (step - worker) % workers:
+            raise StateError(f"state step {step} is not one of worker {worker}'s steps")
+        if step >= len(self) > 0:
+            e, step = e + 1, worker  # a finished epoch is the start of the next
         self._epoch, self._step = _u64("epoch", e), step
+        self._stride, self._phase = workers, worker
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _convert(batch: U32Batch, dtype: OutputDType) -> npt.NDArray[Any]:
+    """uint32 rows as the requested dtype: views for uint32/int32, a copy for int64."""
+    if dtype == "uint32":
+        return batch
+    if dtype == "int32":
+        return batch.view(np.int32)
+    return batch.astype(np.int64)
+
+
+def iter_with_state(loader: BatchNativeLoader) -> Iterator[tuple[Item, dict[str, Any]]]:
+    """The loader's items for one pass, each with the loader state right after it."""
+    for item in loader:
+        yield item, loader.state_dict()
