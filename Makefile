@@ -1,38 +1,53 @@
 # ZeroBatch developer commands. `make demo` and `make test` work on a fresh clone: each creates
-# the virtual environment in .venv (override with VENV=...) and installs the package into it.
+# the virtual environment in .venv (override with VENV=...) and installs what it needs into it.
+# PyTorch is pinned to the CPU build this machine class ships (never an unpinned `torch`).
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.zerobatch-installed
+PIP := $(PY) -m pip install --quiet
+TORCH_PIN ?= torch==2.13.0
+BASE := $(VENV)/.zerobatch-base
+FRAMEWORKS := $(VENV)/.zerobatch-frameworks
+EDITABLE := --config-settings editable_mode=strict
 
-.PHONY: help venv install demo test lint typecheck vectors check-vectors conformance clean
+# CI simulates 8 JAX devices on the CPU and treats a skipped adapter test as a failure.
+TEST_ENV := XLA_FLAGS=--xla_force_host_platform_device_count=8 ZEROBATCH_REQUIRE_FRAMEWORKS=1 \
+	TF_CPP_MIN_LOG_LEVEL=2
+
+.PHONY: help install demo test lint typecheck vectors check-vectors conformance pytest clean
 
 help:
-	@echo "make demo   - set up, write a demo dataset and iterate it"
-	@echo "make test   - set up, lint, type-check, check vectors, run conformance and all tests"
+	@echo "make demo   - set up (core + PyTorch), write a dataset from the bundled corpus, train"
+	@echo "make test   - set up (core + PyTorch, JAX, TensorFlow), lint, type-check, vectors,"
+	@echo "              conformance and every test"
 
-$(STAMP): pyproject.toml
+# Core, dev tools and the pinned PyTorch (installed first so nothing pulls another build).
+$(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
-	touch $(STAMP)
+	$(PIP) "$(TORCH_PIN)"
+	$(PIP) -e '.[dev,torch]' $(EDITABLE)
+	touch $@
 
-venv: $(STAMP)
+# JAX, TensorFlow and torchdata for the adapter tests.
+$(FRAMEWORKS): $(BASE)
+	$(PIP) -e '.[ci]' $(EDITABLE)
+	touch $@
 
 # Strict editable installs link each package file; relink so new modules are picked up.
-install: $(STAMP)
-	$(PY) -m pip install --quiet --no-deps -e . --config-settings editable_mode=strict
+install: $(BASE)
+	$(PIP) --no-deps -e . $(EDITABLE)
 
 demo: install
-	$(PY) -m zerobatch_core demo
+	$(PY) -m zerobatch_adapters.train_demo
 
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-typecheck: install
-	$(VENV)/bin/mypy -p zerobatch_core -p zerobatch_spec -p zerobatch_conformance
+typecheck: install $(FRAMEWORKS)
+	$(VENV)/bin/mypy -p zerobatch_core -p zerobatch_spec -p zerobatch_conformance \
+		-p zerobatch_adapters
 
 vectors: install
 	$(PY) -m zerobatch_conformance.generate conformance/vectors
@@ -43,8 +58,10 @@ check-vectors: install
 conformance: install
 	$(PY) -m zerobatch_core conformance --vectors conformance/vectors
 
-test: lint typecheck check-vectors conformance
-	$(PY) -m pytest
+pytest: install $(FRAMEWORKS)
+	$(TEST_ENV) $(PY) -m pytest
+
+test: lint typecheck check-vectors conformance pytest
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis demo-output

@@ -80,28 +80,27 @@ def _check_index(i: int, n: int) -> None:
         raise IndexError(f"index {i} is outside [0, {n})")
 
 
-def permute(i: int, n: int, key: int, domain: int) -> int:
-    """Image of ``i`` under the keyed bijection of ``[0, n)``."""
+def _walk(i: int, n: int, key: int, domain: int, inverse: bool) -> int:
+    """Cycle-walk the Feistel network (or its inverse) from ``i`` until it lands in ``[0, n)``."""
     _check_index(i, n)
     if n == 1:
         return 0
     h, keys = half_bits(n), round_keys(key, domain)
-    x = _feistel(i, h, keys)
+    step = _feistel_inverse if inverse else _feistel
+    x = step(i, h, keys)
     while x >= n:
-        x = _feistel(x, h, keys)
+        x = step(x, h, keys)
     return x
+
+
+def permute(i: int, n: int, key: int, domain: int) -> int:
+    """Image of ``i`` under the keyed bijection of ``[0, n)``."""
+    return _walk(i, n, key, domain, inverse=False)
 
 
 def unpermute(p: int, n: int, key: int, domain: int) -> int:
     """Inverse of ``permute``: the ``i`` with ``permute(i, n, key, domain) == p``."""
-    _check_index(p, n)
-    if n == 1:
-        return 0
-    h, keys = half_bits(n), round_keys(key, domain)
-    x = _feistel_inverse(p, h, keys)
-    while x >= n:
-        x = _feistel_inverse(x, h, keys)
-    return x
+    return _walk(p, n, key, domain, inverse=True)
 
 
 def _mix64_array(z: IndexArray) -> IndexArray:

@@ -10,21 +10,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-
-def _non_negative(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be non-negative, got {value}")
-    return value
+from .arguments import int_arg
 
 
 def rank_rows(batch_size: int, rank: int, world_size: int) -> slice:
     """Rows ``rank`` owns in a ``batch_size``-row batch split over ``world_size`` ranks."""
-    r = _non_negative("rank", rank)
-    w = _non_negative("world_size", world_size)
-    if w < 1:
-        raise ValueError("world_size must be at least 1")
+    w = int_arg("world_size", world_size, 1)
+    r = int_arg("rank", rank, 0)
     if r >= w:
         raise ValueError(f"rank {r} is outside world_size {w}")
     if batch_size % w:

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from zerobatch_spec.shuffle import MASK64
 
+from .arguments import int_arg
 from .distributed import rank_rows
 from .errors import StateError
 from .order import BlockOrder
@@ -32,12 +33,7 @@ DEFAULT_BLOCK_SIZE = 256
 
 
 def _u64(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    v = int(value)
-    if not 0 <= v <= MASK64:
-        raise ValueError(f"{name} must be in [0, 2**64), got {v}")
-    return v
+    return int_arg(name, value, 0, MASK64)
 
 
 class BatchNativeLoader:
@@ -80,10 +76,7 @@ class BatchNativeLoader:
         next_token: bool = False,
     ) -> None:
         self.reader = path if isinstance(path, BatchFileReader) else BatchFileReader(path)
-        if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
-            raise TypeError(f"block_size must be an integer, got {type(block_size).__name__}")
-        if block_size < 1:
-            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        block_size = int_arg("block_size", block_size, 1)
         if dtype not in ("uint32", "int32", "int64"):
             raise ValueError(f"dtype must be 'uint32', 'int32' or 'int64', got {dtype!r}")
         if next_token and self.reader.seq_len < 2:

@@ -25,30 +25,13 @@ from zerobatch_spec import (
 )
 from zerobatch_spec.layout import U32_MAX
 
+from .arguments import int_arg
 from .errors import WriteError
 
 CHUNK_BYTES = 8 * 2**20
 """Target size of one output write; large writes also leave the page cache fast to map."""
 
 PathLike = str | os.PathLike[str]
-
-
-def _positive_u32(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise WriteError(f"{name} must be an integer, got {type(value).__name__}")
-    v = int(value)
-    if not 1 <= v <= U32_MAX:
-        raise WriteError(f"{name} must be in [1, 2**32 - 1], got {v}")
-    return v
-
-
-def _seed(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise WriteError(f"seed must be an integer, got {type(value).__name__}")
-    v = int(value)
-    if not 0 <= v <= U32_MAX:
-        raise WriteError(f"seed must be in [0, 2**32 - 1] (a u32 header field), got {v}")
-    return v
 
 
 def _check_destination(output_path: PathLike) -> str:
@@ -187,10 +170,10 @@ def write_batch_file(
     2
     """
     path = _check_destination(output_path)
-    b = _positive_u32("batch_size", batch_size)
-    s = _seed(seed)
+    b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
+    s = int_arg("seed", seed, 0, U32_MAX, WriteError)
     if seq_len is not None:
-        seq_len = _positive_u32("seq_len", seq_len)
+        seq_len = int_arg("seq_len", seq_len, 1, U32_MAX, WriteError)
     tokens = _check_array(tokens_array, seq_len, "tokens_array")
     _check_values(tokens, "tokens_array")
     return _write_permuted(path, tokens, b, s, "tokens_array")
@@ -236,14 +219,10 @@ def write_batch_dataset(
     whatever the dataset size; the temporary file needs ``total_records * seq_len * 4`` bytes.
     """
     path = _check_destination(output_path)
-    b = _positive_u32("batch_size", batch_size)
-    t = _positive_u32("seq_len", seq_len)
-    s = _seed(seed)
-    if isinstance(total_records, bool) or not isinstance(total_records, (int, np.integer)):
-        raise WriteError(f"total_records must be an integer, got {type(total_records).__name__}")
-    n = int(total_records)
-    if not 0 <= n <= U32_MAX:
-        raise WriteError(f"total_records must be in [0, 2**32 - 1], got {n}")
+    b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
+    t = int_arg("seq_len", seq_len, 1, U32_MAX, WriteError)
+    s = int_arg("seed", seed, 0, U32_MAX, WriteError)
+    n = int_arg("total_records", total_records, 0, U32_MAX, WriteError)
     directory = os.path.dirname(os.path.abspath(path))
     with tempfile.TemporaryFile(dir=directory, prefix=".zerobatch-spill-") as spill:
         _spill_records(spill, tokens_iter, n, t)

@@ -1,0 +1,31 @@
+"""Checks for integer arguments, shared so every entry point words its errors the same way."""
+
+from __future__ import annotations
+
+import numpy as np
+
+U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
+_NAMED = {U32_MAX: "2**32 - 1", U64_MAX: "2**64 - 1"}
+
+
+def int_arg(
+    name: str,
+    value: object,
+    low: int,
+    high: int | None = None,
+    error: type[ValueError] = ValueError,
+) -> int:
+    """``value`` as an ``int`` in ``[low, high]``, or ``error`` naming the argument and rule.
+
+    Booleans and floats are refused even though Python would coerce them: a ``batch_size`` of
+    ``True`` or ``32.0`` is a caller's bug, not a request.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        kind = TypeError if error is ValueError else error
+        raise kind(f"{name} must be an integer, got {type(value).__name__}")
+    v = int(value)
+    if v < low or (high is not None and v > high):
+        upper = "" if high is None else f", {_NAMED.get(high, high)}"
+        raise error(f"{name} must be in [{low}{upper}], got {v}")
+    return v
