@@ -180,9 +180,13 @@ def write_batch_file(
 
 
 def _spill_records(
-    f: BinaryIO, tokens_iter: Iterable[npt.ArrayLike], total_records: int, seq_len: int
-) -> None:
-    """Stream records (1-D rows or 2-D blocks of rows) to ``f`` as raw uint32, checking each."""
+    f: BinaryIO, tokens_iter: Iterable[npt.ArrayLike], total_records: int | None, seq_len: int
+) -> int:
+    """Stream records (1-D rows or 2-D blocks of rows) to ``f`` as raw uint32; return the count.
+
+    ``total_records=None`` accepts any count up to the u32 limit of the header field.
+    """
+    limit = U32_MAX if total_records is None else total_records
     count = 0
     for item in tokens_iter:
         arr = np.asarray(item)
@@ -194,18 +198,23 @@ def _spill_records(
             raise WriteError(
                 f"{what}: expected shape ({seq_len},) or (k, {seq_len}), got {np.shape(item)}"
             )
-        if count + arr.shape[0] > total_records:
-            raise WriteError(f"tokens_iter yields more than total_records={total_records} records")
+        if count + arr.shape[0] > limit:
+            raise WriteError(
+                f"tokens_iter yields more than total_records={total_records} records"
+                if total_records is not None
+                else f"tokens_iter yields more than {U32_MAX} records, the u32 header limit"
+            )
         f.write(np.ascontiguousarray(_to_u32(arr, "tokens_iter", count)).data)
         count += arr.shape[0]
-    if count != total_records:
+    if total_records is not None and count != total_records:
         raise WriteError(f"tokens_iter yielded {count} records, but total_records={total_records}")
+    return count
 
 
 def write_batch_dataset(
     output_path: PathLike,
     tokens_iter: Iterable[npt.ArrayLike],
-    total_records: int,
+    total_records: int | None,
     batch_size: int,
     seq_len: int,
     seed: int = 0,
@@ -213,7 +222,8 @@ def write_batch_dataset(
     """Write a stream of records as an LLMBATCH file with bounded memory; return num_batches.
 
     ``tokens_iter`` yields records of ``seq_len`` tokens (1-D arrays) or blocks of records
-    (2-D ``[k, seq_len]``), ``total_records`` in all. The stream is spilled to a temporary file
+    (2-D ``[k, seq_len]``), ``total_records`` in all (``None``: as many as it yields; the
+    count is then known only at the end, which the permutation needs). The stream is spilled to a temporary file
     beside the output and then written exactly as ``write_batch_file`` would write the same
     records, so both give byte-identical files. Peak memory is a few chunks of ``CHUNK_BYTES``,
     whatever the dataset size; the temporary file needs ``total_records * seq_len * 4`` bytes.
@@ -222,10 +232,14 @@ def write_batch_dataset(
     b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
     t = int_arg("seq_len", seq_len, 1, U32_MAX, WriteError)
     s = int_arg("seed", seed, 0, U32_MAX, WriteError)
-    n = int_arg("total_records", total_records, 0, U32_MAX, WriteError)
+    expected = (
+        None
+        if total_records is None
+        else int_arg("total_records", total_records, 0, U32_MAX, WriteError)
+    )
     directory = os.path.dirname(os.path.abspath(path))
     with tempfile.TemporaryFile(dir=directory, prefix=".zerobatch-spill-") as spill:
-        _spill_records(spill, tokens_iter, n, t)
+        n = _spill_records(spill, tokens_iter, expected, t)
         spill.flush()
         if n == 0:
             source = np.zeros((0, t), dtype="<u4")

@@ -181,3 +181,10 @@ def test_streaming_peak_memory_does_not_grow_with_the_dataset(
     small, large = peak(4096), peak(4096 * 8)  # 4 MiB vs 32 MiB of tokens: 16 vs 128 chunks
     assert large < small * 1.25 + 64 * 1024
     assert large < 4 * chunk
+
+
+def test_streaming_count_may_be_left_open(tmp_path: Path) -> None:
+    src = records(37, 3)
+    write_batch_file(tmp_path / "a.batch", src, 4, seed=2)
+    assert write_batch_dataset(tmp_path / "b.batch", iter(src), None, 4, 3, seed=2) == 9
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
