@@ -58,8 +58,13 @@ check-vectors: install
 conformance: install
 	$(PY) -m zerobatch_core conformance --vectors conformance/vectors
 
+# PyTorch's DataLoader workers fork; forking after JAX or TensorFlow started threads can
+# deadlock, so the PyTorch adapter tests run in a pytest process of their own.
+TORCH_TESTS := tests/adapters/test_torch.py
+
 pytest: install $(FRAMEWORKS)
-	$(TEST_ENV) $(PY) -m pytest
+	$(TEST_ENV) $(PY) -m pytest --ignore=$(TORCH_TESTS)
+	$(TEST_ENV) $(PY) -m pytest $(TORCH_TESTS)
 
 test: lint typecheck check-vectors conformance pytest
 

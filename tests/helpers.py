@@ -7,8 +7,8 @@ import os
 from typing import Any
 
 import numpy as np
-import pytest
 import numpy.typing as npt
+import pytest
 from zerobatch_spec import record_source
 
 

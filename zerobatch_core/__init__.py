@@ -8,6 +8,7 @@ from zerobatch_spec import ErrorCode, Header
 from .errors import FormatError, StateError, WriteError, ZeroBatchError
 from .loader import BatchNativeLoader
 from .reader import BatchFileReader
+from .tokenizer import ByteTokenizer, pack_documents
 from .validation import ValidationReport, validate_file
 from .writer import write_batch_dataset, write_batch_file
 
@@ -16,6 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchFileReader",
     "BatchNativeLoader",
+    "ByteTokenizer",
     "ErrorCode",
     "FormatError",
     "Header",
@@ -24,6 +26,7 @@ __all__ = [
     "WriteError",
     "ZeroBatchError",
     "__version__",
+    "pack_documents",
     "validate_file",
     "write_batch_dataset",
     "write_batch_file",

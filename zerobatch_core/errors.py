@@ -32,3 +32,11 @@ class WriteError(ZeroBatchError, ValueError):
 
 class StateError(ZeroBatchError, ValueError):
     """A loader state (checkpoint) that does not match the loader it is loaded into."""
+
+
+class IngestError(ZeroBatchError, ValueError):
+    """Input data (text, documents, token arrays) that cannot be ingested into records.
+
+    The message names the file and the position in it (row group, line, byte offset) so that a
+    bad record in a large corpus can be found without re-running the ingestion.
+    """

@@ -232,7 +232,8 @@ class BatchNativeLoader:
             raise StateError(f"state num_workers={workers!r}, worker={worker!r} are invalid")
         if not 0 <= worker < workers:
             raise StateError(f"state worker {worker} is outside num_workers {workers}")
-        if not _is_int(step) or not (0 <= step <= len(self) or step == worker):
+        # A worker's next step can lie past the end of the epoch (nothing left for it).
+        if not _is_int(step) or not 0 <= step < len(self) + workers:
             raise StateError(f"state step {step!r} is outside [0, {len(self)}]")
         if (step - worker) % workers:
             raise StateError(f"state step {step} is not one of worker {worker}'s steps")

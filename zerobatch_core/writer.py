@@ -223,10 +223,11 @@ def write_batch_dataset(
 
     ``tokens_iter`` yields records of ``seq_len`` tokens (1-D arrays) or blocks of records
     (2-D ``[k, seq_len]``), ``total_records`` in all (``None``: as many as it yields; the
-    count is then known only at the end, which the permutation needs). The stream is spilled to a temporary file
-    beside the output and then written exactly as ``write_batch_file`` would write the same
-    records, so both give byte-identical files. Peak memory is a few chunks of ``CHUNK_BYTES``,
-    whatever the dataset size; the temporary file needs ``total_records * seq_len * 4`` bytes.
+    count is then known only at the end, which the permutation needs). The stream is spilled
+    to a temporary file beside the output and then written exactly as ``write_batch_file``
+    would write the same records, so both give byte-identical files. Peak memory is a few
+    chunks of ``CHUNK_BYTES``, whatever the dataset size; the temporary file needs
+    ``total_records * seq_len * 4`` bytes.
     """
     path = _check_destination(output_path)
     b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)

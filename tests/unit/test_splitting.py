@@ -109,7 +109,7 @@ def test_resume_with_a_different_world_size(make_file: Callable[..., Path]) -> N
     four = [BatchNativeLoader(path, rank=r, world_size=4) for r in range(4)]
     for x in four:
         x.load_state_dict(state)
-    rest = [sorted(sum((rows_of(b) for b in step), [])) for step in zip(*four, strict=True)]
+    rest = [sorted(r for b in step for r in rows_of(b)) for step in zip(*four, strict=True)]
     whole = [sorted(rows_of(b)) for b in BatchNativeLoader(path)]
     assert first + rest == whole
 

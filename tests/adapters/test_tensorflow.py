@@ -1,0 +1,236 @@
+"""``zerobatch_adapters.tensorflow``: the tf.data pipeline serves exactly the core loader's order.
+
+Every comparison is against ``BatchNativeLoader`` with the same parameters, so the adapter is
+checked for order, rank rows, epochs and resume without restating the spec here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from tests.helpers import require
+from zerobatch_core import (
+    BatchNativeLoader,
+    FormatError,
+    StateError,
+    write_batch_file,
+)
+from zerobatch_core.loader import iter_with_state
+from zerobatch_core.order import BlockOrder
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+tf = require("tensorflow")
+
+from zerobatch_adapters.tensorflow import tf_dataset  # noqa: E402
+
+MakeFile = Callable[..., Path]
+
+
+def core_epochs(path: Path, epochs: int, **kwargs: Any) -> list[Any]:
+    """``epochs`` consecutive passes of the core loader, items copied out of the mapping."""
+    loader = BatchNativeLoader(path, **kwargs)
+    out: list[Any] = []
+    for _ in range(epochs):
+        for item in loader:
+            out.append(
+                tuple(np.array(a) for a in item) if isinstance(item, tuple) else np.array(item)
+            )
+    return out
+
+
+def as_numpy(ds: Any) -> list[Any]:
+    return [
+        tuple(a.numpy() for a in item) if isinstance(item, tuple) else item.numpy() for item in ds
+    ]
+
+
+def assert_same(got: list[Any], expected: list[Any]) -> None:
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        if isinstance(e, tuple):
+            assert isinstance(g, tuple) and len(g) == len(e)
+            for ga, ea in zip(g, e, strict=True):
+                assert ga.dtype == ea.dtype
+                np.testing.assert_array_equal(ga, ea)
+        else:
+            assert g.dtype == e.dtype
+            np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize(
+    ("n", "seq_len", "block_size", "shuffle", "dtype"),
+    [
+        (40, 8, 3, True, "int64"),  # padded slots, 10 batches: short last block of 1
+        (40, 8, 4, True, "int32"),  # short last block of 2
+        (40, 8, 1, True, "int64"),
+        (40, 8, 256, True, "int32"),  # one block longer than the file
+        (40, 8, 3, False, "int64"),
+        (36, 256, 4, True, "int64"),  # unpadded: 4 * 256 * 4 bytes is exactly one page
+        (36, 256, 5, True, "int32"),
+    ],
+)
+def test_three_epochs_match_core(
+    make_file: MakeFile, n: int, seq_len: int, block_size: int, shuffle: bool, dtype: str
+) -> None:
+    path = make_file(n=n, seq_len=seq_len)
+    kw: dict[str, Any] = {"block_size": block_size, "shuffle": shuffle, "dtype": dtype}
+    ds = tf_dataset(path, num_epochs=3, seed=11, **kw)
+    expected = core_epochs(path, 3, seed=11, **kw)
+    assert len(ds) == len(expected) == 3 * (n // 4)
+    assert_same(as_numpy(ds), expected)
+    assert ds.element_spec == tf.TensorSpec((4, seq_len), getattr(tf, dtype))
+
+
+def test_default_seed_is_the_headers_and_epoch_argument(make_file: MakeFile) -> None:
+    path = make_file(seed=99)
+    got = as_numpy(tf_dataset(path, block_size=2, epoch=5, num_epochs=2, prefetch=False))
+    assert_same(got, core_epochs(path, 2, block_size=2, epoch=5, dtype="int64"))
+
+
+def test_next_token_pairs(make_file: MakeFile) -> None:
+    path = make_file()
+    ds = tf_dataset(path, block_size=3, next_token=True, dtype="int32", num_epochs=2)
+    assert ds.element_spec == (
+        tf.TensorSpec((4, 7), tf.int32),
+        tf.TensorSpec((4, 7), tf.int64),
+    )
+    expected = core_epochs(path, 2, block_size=3, next_token=True, dtype="int32")
+    assert_same(as_numpy(ds), expected)
+
+
+def test_ids_above_2_31_wrap_in_int32_and_stay_exact_in_int64(tmp_path: Path) -> None:
+    path = tmp_path / "big.batch"
+    tokens = (np.uint32(2**32 - 64) + np.arange(64, dtype=np.uint32)).reshape(8, 8)
+    write_batch_file(path, tokens, batch_size=2, seed=3)
+    for dtype in ("int32", "int64"):
+        got = as_numpy(tf_dataset(path, block_size=2, dtype=dtype))
+        assert_same(got, core_epochs(path, 1, block_size=2, dtype=dtype))
+    assert as_numpy(tf_dataset(path, dtype="int32"))[0].min() < 0
+    assert as_numpy(tf_dataset(path, dtype="int64"))[0].min() >= 2**32 - 64
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ranks_split_rows_and_cover_every_row_once(make_file: MakeFile, world_size: int) -> None:
+    path = make_file(n=40, seq_len=8, batch_size=4)
+    firsts: list[int] = []
+    for rank in range(world_size):
+        ds = tf_dataset(path, block_size=3, rank=rank, world_size=world_size)
+        assert ds.element_spec.shape == (4 // world_size, 8)
+        got = as_numpy(ds)
+        kw = {"block_size": 3, "rank": rank, "world_size": world_size, "dtype": "int64"}
+        assert_same(got, core_epochs(path, 1, **kw))
+        firsts.extend(int(row[0]) // 8 for batch in got for row in batch)
+    assert sorted(firsts) == list(range(40))  # row i starts with token i * seq_len
+
+
+def test_rank_and_world_from_environment(make_file: MakeFile, monkeypatch: Any) -> None:
+    path = make_file()
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    got = as_numpy(tf_dataset(path, block_size=3))
+    assert_same(got, core_epochs(path, 1, block_size=3, rank=1, world_size=2, dtype="int64"))
+    with pytest.raises(ValueError, match="both"):
+        tf_dataset(path, rank=0)
+
+
+@pytest.mark.parametrize("consumed", [1, 7, 10, 13])
+def test_resume_from_core_state_equals_tail(make_file: MakeFile, consumed: int) -> None:
+    path = make_file()  # 10 batches: consumed=10 is an epoch boundary, 13 is inside epoch 1
+    kw: dict[str, Any] = {"block_size": 3, "dtype": "int64"}
+    full = core_epochs(path, 3, **kw)
+    loader = BatchNativeLoader(path, **kw)
+    states = [state for _ in range(3) for _item, state in iter_with_state(loader)]
+    state = states[consumed - 1]  # the cursor right after the consumed-th item
+    remaining = 3 - state["epoch"]
+    ds = tf_dataset(path, state=state, num_epochs=remaining, block_size=3)
+    assert len(ds) == 30 - consumed
+    assert_same(as_numpy(ds), full[consumed:])
+    by_cursor = tf_dataset(
+        path, epoch=state["epoch"], step=state["step"], num_epochs=remaining, block_size=3
+    )
+    assert_same(as_numpy(by_cursor), full[consumed:])
+
+
+def test_finished_epoch_state_resumes_at_next_epoch(make_file: MakeFile) -> None:
+    path = make_file()
+    got = as_numpy(tf_dataset(path, block_size=3, epoch=0, step=10))
+    assert_same(got, core_epochs(path, 2, block_size=3, dtype="int64")[10:])
+
+
+def test_bad_states_and_arguments_are_rejected(make_file: MakeFile) -> None:
+    path = make_file()
+    state = BatchNativeLoader(path, block_size=3).state_dict()
+    with pytest.raises(StateError, match="block_size"):
+        tf_dataset(path, block_size=4, state=state)
+    with pytest.raises(ValueError, match="not both"):
+        tf_dataset(path, block_size=3, state=state, step=2)
+    with pytest.raises(StateError, match="step"):
+        tf_dataset(path, step=11)
+    with pytest.raises(ValueError, match="dtype"):
+        tf_dataset(path, dtype="uint32")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_epochs"):
+        tf_dataset(path, num_epochs=-1)
+    with pytest.raises(ValueError, match="evenly"):
+        tf_dataset(path, rank=0, world_size=3)
+
+
+def test_repeat_forever_and_spans_computed_once_per_epoch(
+    make_file: MakeFile, monkeypatch: Any
+) -> None:
+    calls: list[int] = []
+    spans = BlockOrder.spans
+
+    def counting(self: BlockOrder, epoch: int, start: int = 0) -> Any:
+        calls.append(epoch)
+        return spans(self, epoch, start)
+
+    path = make_file()
+    expected = core_epochs(path, 4, block_size=3, dtype="int64", epoch=2)[4:35]
+    monkeypatch.setattr(BlockOrder, "spans", counting)
+    ds = tf_dataset(path, block_size=3, num_epochs=None, epoch=2, step=4, prefetch=False)
+    assert ds.cardinality() == tf.data.INFINITE_CARDINALITY
+    got = as_numpy(ds.take(6 + 10 + 10 + 5))
+    assert_same(got, expected)
+    assert calls == [2, 3, 4, 5]  # one span list per epoch, never per element
+
+
+def test_empty_file_is_empty_even_repeated(tmp_path: Path) -> None:
+    path = tmp_path / "empty.batch"
+    write_batch_file(path, np.zeros((3, 8), np.uint32), batch_size=4)
+    assert as_numpy(tf_dataset(path, num_epochs=None)) == []
+
+
+def test_broken_file_raises_format_error(make_file: MakeFile) -> None:
+    path = make_file()
+    with path.open("r+b") as f:
+        f.truncate(path.stat().st_size - 1)
+    with pytest.raises(FormatError, match="size_mismatch"):
+        tf_dataset(path)
+
+
+def test_keras_fit_next_token(tmp_path: Path) -> None:
+    keras = require("keras")
+    path = tmp_path / "lm.batch"
+    tokens: npt.NDArray[np.int64] = np.random.default_rng(0).integers(0, 64, size=(64, 17))
+    assert write_batch_file(path, tokens, batch_size=8, seed=1) == 8
+    ds = tf_dataset(path, block_size=2, num_epochs=None, next_token=True)
+    model = keras.Sequential(
+        [
+            keras.Input((16,), dtype="int64"),
+            keras.layers.Embedding(64, 8),
+            keras.layers.Dense(64),
+        ]
+    )
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    history = model.fit(ds, epochs=2, steps_per_epoch=4, shuffle=False, verbose=0)
+    losses = history.history["loss"]
+    assert len(losses) == 2 and all(np.isfinite(losses))

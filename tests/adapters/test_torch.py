@@ -1,0 +1,425 @@
+"""``zerobatch_adapters.torch``: tensors, DataLoader workers, ranks and exact resume.
+
+Every expectation comes from ``BatchNativeLoader`` with the same arguments, so these tests
+check the adapter's plumbing (tensors, workers, cursors) without restating the spec. Rows of
+the ``make_file`` records are unique, so a row's first token names it.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.helpers import require
+from zerobatch_core import BatchNativeLoader, StateError
+
+torch = require("torch")
+
+from torch.utils.data import DataLoader  # noqa: E402
+from zerobatch_adapters.torch import (  # noqa: E402
+    NextTokenBatch,
+    TorchBatchDataset,
+    TorchBatchLoader,
+)
+
+# Forking a process that runs JAX or TensorFlow threads can deadlock: when another test module
+# has imported either, DataLoader workers start from a fork server instead (much slower, so
+# `make test` runs this module in a pytest process of its own, where plain fork is safe).
+CTX = "forkserver" if {"jax", "tensorflow"} & set(sys.modules) else "fork"
+
+MakeFile = Callable[..., Path]
+ROOT = Path(__file__).resolve().parents[2]
+ORDER: dict[str, Any] = {"block_size": 3, "seed": 99}  # 13 batches: blocks of 3 and a short one
+TOO_MANY_WORKERS = "ignore:This DataLoader will create:UserWarning"  # 3 workers on 2 cores
+SET_VITAL = "ignore:'set_vital' is deprecated:UserWarning"  # torchdata 0.11 on newer torch
+READONLY = "The given NumPy array is not writable"
+
+
+def small(make_file: MakeFile, batch_size: int = 4, batches: int = 13, seq_len: int = 8) -> Path:
+    return make_file(n=batch_size * batches, seq_len=seq_len, batch_size=batch_size)
+
+
+def firsts(items: Any) -> list[int]:
+    """First token of row 0 of each item (a tensor, a NextTokenBatch or a NumPy array)."""
+    out = []
+    for item in items:
+        batch = item[0] if isinstance(item, tuple) else item
+        out.append(int(batch[0, 0]))
+    return out
+
+
+def core_firsts(path: Path, epoch: int = 0) -> list[int]:
+    return firsts(BatchNativeLoader(path, epoch=epoch, **ORDER))
+
+
+def rows(batch: Any) -> list[int]:
+    return [int(r[0]) for r in batch]
+
+
+# -- tensors --------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("next_token", [False, True])
+@pytest.mark.parametrize(("rank", "world"), [(0, 1), (1, 2)])
+def test_tensors_equal_the_core_order(
+    make_file: MakeFile, dtype: str, next_token: bool, rank: int, world: int
+) -> None:
+    path = small(make_file)
+    kw: dict[str, Any] = dict(ORDER, dtype=dtype, next_token=next_token)
+    want = list(BatchNativeLoader(path, rank=rank, world_size=world, **kw))
+    ds = TorchBatchDataset(path, rank=rank, world_size=world, **kw)
+    got = list(ds)
+    assert len(got) == len(want) == len(ds) == 13
+    wide = torch.int32 if dtype == "int32" else torch.int64
+    for g, w in zip(got, want, strict=True):
+        if next_token:
+            assert isinstance(g, NextTokenBatch)
+            assert g.inputs.dtype == wide and g.labels.dtype == torch.int64
+            assert g.inputs.shape == g.labels.shape == (4 // world, 7)
+            np.testing.assert_array_equal(g.inputs.numpy(), w[0])
+            np.testing.assert_array_equal(g.labels.numpy(), w[1])
+            assert torch.equal(g.inputs[:, 1:].long(), g.labels[:, :-1])
+        else:
+            assert isinstance(g, torch.Tensor) and g.dtype == wide and g.shape == (4 // world, 8)
+            np.testing.assert_array_equal(g.numpy(), w)
+    assert ds.epoch == 1  # like the core: the next pass is the next epoch
+    assert firsts(ds) == firsts(BatchNativeLoader(path, epoch=1, rank=rank, world_size=world, **kw))
+
+
+def test_int32_is_a_zero_copy_view_of_the_file(make_file: MakeFile) -> None:
+    path = small(make_file)
+    ds = TorchBatchDataset(path, dtype="int32", rank=1, world_size=2, **ORDER)  # rows 2..3
+    pairs = TorchBatchDataset(path, dtype="int32", next_token=True, **ORDER)
+    copies = TorchBatchDataset(path, dtype="int64", **ORDER)
+    order = ds.loader.epoch_order(0)
+    for index, t, pair, copy in zip(order, ds, pairs, copies, strict=True):
+        assert isinstance(t, torch.Tensor) and isinstance(copy, torch.Tensor)
+        assert isinstance(pair, NextTokenBatch)
+        i = int(index)  # each dataset maps the file on its own: compare with its own reader
+        assert t.data_ptr() == ds.loader.reader.read_batch_int32(i)[2:].ctypes.data
+        assert pair.inputs.data_ptr() == pairs.loader.reader.read_batch(i).ctypes.data
+        assert pair.inputs.stride() == (8, 1) and pair.inputs.shape == (4, 7)
+        assert not np.shares_memory(copy.numpy(), copies.loader.reader.read_batch(i))
+
+
+def test_readonly_warning_filter_is_narrow(make_file: MakeFile) -> None:
+    """Only the read-only message, only as a UserWarning, only from the adapter module."""
+    ds = TorchBatchDataset(small(make_file), dtype="int32")
+    msg = READONLY + ", and PyTorch does not support non-writable tensors."
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()  # drops every filter, the adapter's too
+        warnings.simplefilter("always")
+        next(iter(ds))  # reinstalls the adapter's filter
+        assert sum(f[0] == "ignore" for f in warnings.filters) == 1
+        next(iter(ds))  # once
+        assert sum(f[0] == "ignore" for f in warnings.filters) == 1
+        here = "zerobatch_adapters.torch"
+        warnings.warn_explicit(msg, UserWarning, "torch.py", 1, module=here)
+        warnings.warn_explicit(msg, UserWarning, "other.py", 1, module="other")
+        warnings.warn_explicit("something else", UserWarning, "torch.py", 2, module=here)
+        warnings.warn_explicit(msg, RuntimeWarning, "torch.py", 3, module=here)
+        warnings.warn_explicit(msg, UserWarning, "x.py", 4, module=here + ".sub")
+    assert [(str(w.message)[:9], w.category, w.lineno) for w in caught] == [
+        (msg[:9], UserWarning, 1),
+        ("something", UserWarning, 2),
+        (msg[:9], RuntimeWarning, 3),
+        (msg[:9], UserWarning, 4),
+    ]
+
+
+# -- DataLoader workers and ranks -----------------------------------------------------------
+@pytest.mark.filterwarnings(TOO_MANY_WORKERS)
+@pytest.mark.parametrize("workers", [2, 3])
+def test_dataloader_workers_keep_the_single_process_order(
+    make_file: MakeFile, workers: int
+) -> None:
+    path = small(make_file)
+    ds = TorchBatchDataset(path, dtype="int32", next_token=True, **ORDER)
+    dl = DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context=CTX)
+    assert len(dl) == 13
+    got = list(dl)
+    assert all(isinstance(x, NextTokenBatch) for x in got)  # kept a (named) tuple
+    assert firsts(got) == core_firsts(path)
+    assert ds.epoch == 0  # the workers iterated copies
+    ds.set_epoch(1)
+    assert firsts(dl) == core_firsts(path, epoch=1) != core_firsts(path)
+
+
+@pytest.mark.filterwarnings(TOO_MANY_WORKERS)
+@pytest.mark.parametrize(("world", "workers"), [(2, 2), (4, 2), (4, 3)])
+def test_every_row_once_over_workers_and_ranks(
+    make_file: MakeFile, world: int, workers: int
+) -> None:
+    path = small(make_file, batch_size=8, batches=11, seq_len=4)
+    seen: Counter[int] = Counter()
+    per_step: dict[int, list[int]] = {}
+    for rank in range(world):
+        ds = TorchBatchDataset(path, rank=rank, world_size=world, **ORDER)
+        dl = DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context=CTX)
+        for step, batch in enumerate(dl):
+            assert batch.shape == (8 // world, 4)
+            seen.update(rows(batch))
+            per_step.setdefault(step, []).extend(rows(batch))
+    assert len(seen) == 11 * 8 and set(seen.values()) == {1}
+    whole = BatchNativeLoader(path, **ORDER)
+    assert {s: sorted(r) for s, r in per_step.items()} == {
+        s: sorted(rows(b)) for s, b in enumerate(whole)
+    }
+
+
+def test_dataset_pickles_with_its_cursor(make_file: MakeFile) -> None:
+    """What a spawn-started worker receives: the same file, order and cursor."""
+    path = small(make_file)
+    ds = TorchBatchDataset(path, dtype="int32", **ORDER)
+    it = iter(ds)
+    for _ in range(5):
+        next(it)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert firsts(clone) == core_firsts(path)[5:]
+    assert clone.loader.reader.path == str(path)
+
+
+# -- ranks ----------------------------------------------------------------------------------
+def test_rank_from_arguments_distributed_then_environment(
+    make_file: MakeFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = small(make_file, batch_size=8, batches=3)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert (TorchBatchDataset(path).rank, TorchBatchDataset(path).world_size) == (0, 1)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    env = TorchBatchDataset(path, **ORDER)
+    assert (env.rank, env.world_size) == (3, 4)
+    want = [b[6:] for b in BatchNativeLoader(path, **ORDER)]
+    for got, w in zip(env, want, strict=True):
+        assert isinstance(got, torch.Tensor) and got.shape == (2, 8)
+        np.testing.assert_array_equal(got.numpy(), w)
+    explicit = TorchBatchDataset(path, rank=0, world_size=2)
+    assert (explicit.rank, explicit.world_size) == (0, 2)
+    dist = torch.distributed
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    detected = TorchBatchDataset(path)  # an initialised group wins over the environment
+    assert (detected.rank, detected.world_size) == (1, 2)
+    assert TorchBatchDataset(path, rank=2, world_size=4).rank == 2  # arguments win over both
+
+
+def test_bad_arguments_say_what_is_wrong(make_file: MakeFile) -> None:
+    path = small(make_file)
+    for dtype in ("uint32", "float32"):
+        with pytest.raises(ValueError, match=r"'int32'.*'int64'"):
+            TorchBatchDataset(path, dtype=dtype)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="both rank and world_size"):
+        TorchBatchDataset(path, rank=1)
+    with pytest.raises(ValueError, match="outside world_size"):
+        TorchBatchDataset(path, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="does not split evenly"):
+        TorchBatchDataset(path, rank=0, world_size=3)
+    with pytest.raises(ValueError, match="block_size"):
+        TorchBatchLoader(path, block_size=0)
+    with pytest.raises(ValueError, match="num_workers must be at least 0"):
+        TorchBatchLoader(path, num_workers=-1)
+    with pytest.raises(TypeError, match="num_workers must be an integer"):
+        TorchBatchLoader(path, num_workers=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="prefetch must be at least 1"):
+        TorchBatchLoader(path, prefetch=0)
+    with pytest.raises(RuntimeError):
+        TorchBatchLoader(path, device="no-such-device")
+    worker_state = BatchNativeLoader(path, **ORDER)
+    worker_state.split_workers(1, 2)
+    with pytest.raises(StateError, match="worker 1 of 2"):
+        TorchBatchLoader(path, **ORDER).load_state_dict(worker_state.state_dict())
+    with pytest.raises(StateError, match="block_size"):
+        TorchBatchLoader(path, block_size=4).load_state_dict(TorchBatchLoader(path).state_dict())
+
+
+# -- TorchBatchLoader -----------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_epochs_state_and_device_prefetch(make_file: MakeFile, workers: int) -> None:
+    path = small(make_file)
+    e0, e1, e2 = (core_firsts(path, epoch=e) for e in range(3))
+    loader = TorchBatchLoader(
+        path,
+        next_token=True,
+        num_workers=workers,
+        device="cpu",
+        prefetch=2,
+        multiprocessing_context=CTX,
+        **ORDER,
+    )
+    assert len(loader) == 13
+    it = iter(loader)
+    got = [next(it) for _ in range(4)]
+    assert all(isinstance(x, NextTokenBatch) and x.inputs.device.type == "cpu" for x in got)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert (state["epoch"], state["step"], state["num_workers"]) == (0, 4, 1)  # not read-ahead
+    rest = list(it)
+    assert firsts(got + rest) == e0 and (loader.epoch, loader.step) == (1, 0)
+    assert firsts(loader) == e1  # next iter: next epoch
+    resumed = TorchBatchLoader(
+        path,
+        next_token=True,
+        num_workers=workers,
+        device="cpu",
+        multiprocessing_context=CTX,
+        **ORDER,
+    )
+    resumed.load_state_dict(state)
+    assert firsts(resumed) == e0[4:]
+    assert firsts(resumed) == e1
+    resumed.set_epoch(2)
+    assert firsts(resumed) == e2
+
+
+def test_loader_pass_ends_when_the_cursor_moves(make_file: MakeFile) -> None:
+    path = small(make_file)
+    e0, e1 = core_firsts(path), core_firsts(path, epoch=1)
+    loader = TorchBatchLoader(path, num_workers=2, multiprocessing_context=CTX, **ORDER)
+    first = iter(loader)
+    assert firsts([next(first), next(first)]) == e0[:2]
+    second = iter(loader)  # a new pass continues from the delivered cursor
+    assert next(first, None) is None  # and ends the old one
+    assert firsts([next(second)]) == e0[2:3]
+    loader.set_epoch(1)
+    assert next(second, None) is None
+    assert (loader.epoch, loader.step) == (1, 0)
+    for _ in zip(range(3), loader, strict=False):
+        pass  # break out after 3 batches
+    assert (loader.epoch, loader.step) == (1, 3)
+    assert firsts(loader) == e1[3:]
+
+
+# -- resume in a new process ----------------------------------------------------------------
+LOADER_CHILD = r"""
+import json, sys
+from zerobatch_adapters.torch import TorchBatchLoader
+path, state_path, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+loader = TorchBatchLoader(
+    path, block_size=3, seed=99, dtype="int32", next_token=True, num_workers=2
+)
+with open(state_path) as f:
+    loader.load_state_dict(json.load(f))
+firsts = []
+while len(firsts) < count:
+    for inputs, labels in loader:
+        firsts.append(int(inputs[0, 0]))
+        if len(firsts) == count:
+            break
+print(json.dumps({"firsts": firsts, "state": loader.state_dict()}))
+"""
+
+STATEFUL_CHILD = r"""
+import json, sys
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+from zerobatch_adapters.torch import TorchBatchDataset
+path, out = sys.argv[1], []
+for state_path in sys.argv[2:]:
+    ds = TorchBatchDataset(path, block_size=3, seed=99, dtype="int32")
+    dl = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    saved = torch.load(state_path)
+    dl.load_state_dict(saved["loader"])
+    firsts = []
+    for epoch in range(saved["epoch"], 2):
+        ds.set_epoch(epoch)
+        firsts += [int(b[0, 0]) for b in dl]
+    out.append(firsts)
+print(json.dumps(out))
+"""
+
+
+def run_child(script: str, *args: object) -> Any:
+    """Run ``script`` in a fresh interpreter where ``torch.from_numpy``'s read-only warning
+    is an error: the int32 batches would raise it in the workers without the adapter's filter.
+    """
+    out = subprocess.run(
+        [sys.executable, "-W", f"error:{READONLY}:UserWarning", "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_loader_resumes_in_a_new_process_across_an_epoch(
+    make_file: MakeFile, tmp_path: Path
+) -> None:
+    path = small(make_file)
+    whole = core_firsts(path) + core_firsts(path, epoch=1)
+    loader = TorchBatchLoader(
+        path, dtype="int32", next_token=True, num_workers=2, multiprocessing_context=CTX, **ORDER
+    )
+    head: list[int] = []
+    for inputs, _ in loader:
+        head.append(int(inputs[0, 0]))
+        if len(head) == 9:
+            break
+    state_path = tmp_path / "state.json"
+    state_path.write_text(json.dumps(loader.state_dict()))
+    child = run_child(LOADER_CHILD, path, state_path, 13)  # 4 of epoch 0, 9 of epoch 1
+    assert head + child["firsts"] == whole[:22]
+    assert (child["state"]["epoch"], child["state"]["step"]) == (1, 9)
+
+
+@pytest.mark.filterwarnings(SET_VITAL)
+def test_stateful_dataloader_resumes_in_a_new_process(make_file: MakeFile, tmp_path: Path) -> None:
+    """StatefulDataLoader keeps one dataset state per worker; resume mid-epoch and at its end.
+
+    13 batches over 2 workers: after 12 batches worker 1 has served its last step (its core
+    cursor is already in epoch 1) while worker 0 still owes step 12; after 13, both are done
+    but the pass has not ended. Either way the resumed pass must finish epoch 0, not start 1.
+    """
+    stateful = require("torchdata.stateful_dataloader")
+    path = small(make_file)
+    e0, e1 = core_firsts(path), core_firsts(path, epoch=1)
+    ds = TorchBatchDataset(path, dtype="int32", **ORDER)
+    dl = stateful.StatefulDataLoader(
+        ds, batch_size=None, num_workers=2, multiprocessing_context=CTX
+    )
+    stops = (5, 12, 13)
+    got: list[int] = []
+    for batch in dl:
+        got.append(int(batch[0, 0]))
+        if len(got) in stops:
+            torch.save({"loader": dl.state_dict(), "epoch": 0}, tmp_path / f"s{len(got)}.pt")
+    assert got == e0
+    states = [tmp_path / f"s{k}.pt" for k in stops]
+    assert run_child(STATEFUL_CHILD, path, *states) == [e0[k:] + e1 for k in stops]
+
+
+@pytest.mark.filterwarnings(SET_VITAL)
+def test_stateful_dataloader_in_process_without_workers(make_file: MakeFile) -> None:
+    stateful = require("torchdata.stateful_dataloader")
+    path = small(make_file)
+    e0, e1 = core_firsts(path), core_firsts(path, epoch=1)
+    saved: list[tuple[Any, int, list[int]]] = []  # state, epoch to resume at, what follows
+    ds = TorchBatchDataset(path, **ORDER)
+    dl = stateful.StatefulDataLoader(ds, batch_size=None, num_workers=0)
+    for k, _ in enumerate(dl, 1):
+        if k in (5, 13):  # 13: the last batch, before the pass ended
+            saved.append((dl.state_dict(), 0, e0[k:] + e1))
+    saved.append((dl.state_dict(), 1, e1))  # after the pass ended: resume at epoch 1
+    for state, start, want in saved:
+        ds = TorchBatchDataset(path, **ORDER)
+        dl = stateful.StatefulDataLoader(ds, batch_size=None, num_workers=0)
+        dl.load_state_dict(state)
+        resumed = []
+        for epoch in range(start, 2):
+            ds.set_epoch(epoch)
+            resumed += firsts(dl)
+        assert resumed == want

@@ -1,0 +1,21 @@
+"""Ingestion: turn external data (text corpora, token arrays) into LLMBATCH records.
+
+Every source implements ``RecordSource`` (``source.py``). nanoGPT ``.bin`` shards are in
+``nanogpt`` and ``.npy`` arrays in ``arrays``; each module has its own ``count_records`` and
+``iter_records`` (same shape of API), so those are used through the module.
+"""
+
+from .arrays import ArrayFile, ArraySource, expand_arrays
+from .nanogpt import BinShard, NanoGPTSource, expand_shards
+from .source import RecordSource, U32Block
+
+__all__ = [
+    "ArrayFile",
+    "ArraySource",
+    "BinShard",
+    "NanoGPTSource",
+    "RecordSource",
+    "U32Block",
+    "expand_arrays",
+    "expand_shards",
+]
