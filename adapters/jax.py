@@ -4,8 +4,8 @@
 by a ``jax.sharding.Sharding`` (default: the batch axis split over every device). Each process
 reads from the file only the rows its own devices hold, and
 ``jax.make_array_from_process_local_data`` copies each device's rows from the host straight
-to that device, once: no device ever holds, or gathers, the whole batch. A background thread
-(``zerobatch_core.prefetch.Prefetcher``) keeps the next ``prefetch`` batches on the devices
+to that device, once: no device ever holds, or gathers, the whole batch. A look-ahead
+(``zerobatch_core.prefetch.Lookahead``) keeps the next ``prefetch`` batches in flight
 while the training step runs, and ``state_dict`` counts only the batches the loop received.
 
 Usage::
@@ -20,6 +20,14 @@ Usage::
         save_json(it.state_dict())  # plain ints; resume with it.load_state_dict(...)
     it.close()
 
+Packed rows (several documents per row, each starting with a BOS token): with ``bos_id=...``
+every batch is a dict (``DocumentBatch``) that adds the core's document layout::
+
+    it = JaxBatchIterator("train.batch", next_token=True, bos_id=tok.bos_id)
+    for b in it:  # b["inputs"], b["labels"], b["segment_ids"], b["positions"]: sharded [B, T - 1]
+        cu_seqlens = b.pop("cu_seqlens")  # host NumPy int32 of varying length: not for jit
+        params, loss = train_step(params, b)  # segment ids: e.g. splash attention's mask
+
 Multi-host: call ``jax.distributed.initialize()`` first, then build the same iterator (same
 file, same sharding over the global mesh) in every process. Block order, rank row-splitting,
 next-token pairs and the checkpoint cursor all come from ``zerobatch_core``; this module only
@@ -31,7 +39,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Generic, Literal, NamedTuple, TypeVar, cast, overload
+from typing import Any, Generic, Literal, NamedTuple, TypedDict, TypeVar, cast, overload
 
 import jax
 import numpy as np
@@ -40,10 +48,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from zerobatch_core import BatchFileReader, BatchNativeLoader
 from zerobatch_core.distributed import rank_rows
 from zerobatch_core.loader import DEFAULT_BLOCK_SIZE, Item, iter_with_state
-from zerobatch_core.prefetch import Prefetcher
+from zerobatch_core.prefetch import Lookahead
 
 __all__ = [
     "DATA_AXIS",
+    "DocumentBatch",
     "JaxBatchIterator",
     "ProcessRows",
     "default_sharding",
@@ -54,14 +63,31 @@ DATA_AXIS = "data"
 """Name of the 1-D mesh axis ``default_sharding`` splits the batch over."""
 
 Pair = tuple[jax.Array, jax.Array]
-BatchT = TypeVar("BatchT", jax.Array, Pair)
+
+
+class DocumentBatch(TypedDict, total=False):
+    """A ``bos_id`` batch: the tokens (or next-token pair) and their document layout.
+
+    ``tokens`` without ``next_token``, else ``inputs`` and ``labels``; ``segment_ids`` and
+    ``positions`` are those of the tokens (or inputs). Every ``jax.Array`` is int32 with the
+    tokens' shape and sharding. ``cu_seqlens`` is a host NumPy array (see ``JaxBatchIterator``).
+    """
+
+    tokens: jax.Array
+    inputs: jax.Array
+    labels: jax.Array
+    segment_ids: jax.Array
+    positions: jax.Array
+    cu_seqlens: np.ndarray[Any, np.dtype[np.int32]]
+
+
+BatchT = TypeVar("BatchT", jax.Array, Pair, DocumentBatch)
 
 # Typed names for the JAX entry points used here (some are unannotated in JAX itself).
 _partition_spec: Callable[[str], PartitionSpec] = PartitionSpec
 _make_array: Callable[[Sharding, np.ndarray[Any, Any], tuple[int, ...]], jax.Array] = (
     jax.make_array_from_process_local_data
 )
-_block_until_ready: Callable[[Any], Any] = jax.block_until_ready
 
 
 def default_sharding(devices: list[jax.Device] | None = None) -> NamedSharding:
@@ -181,13 +207,28 @@ class JaxBatchIterator(Generic[BatchT]):
     labels), so inputs and labels always have one dtype. Ids of 2**31 and above wrap to
     negative numbers, exactly like the core's int32 view.
 
+    ``bos_id`` (packed rows whose documents start with that token) makes each item a
+    ``DocumentBatch`` dict: ``tokens`` (or ``inputs`` and ``labels``, as above) plus the core's
+    document layout of the tokens (or inputs), ``segment_ids`` (1-based per row) and
+    ``positions`` (restarting at every BOS and row start), both int32 ``jax.Array``s with the
+    tokens' shape and sharding: the layout JAX attention kernels take (e.g. splash attention's
+    segment ids, RoPE positions). ``cu_seqlens`` (FlashAttention's varlen layout) is served
+    too, but as a **host NumPy** int32 array: its length (documents + 1) varies from batch to
+    batch, so it can neither be split by rows over the devices nor passed to a ``jax.jit``
+    function without a recompile per length (pad it to a fixed length first if a kernel needs
+    it on device). It covers this process's rows only, flattened in order: with several
+    processes each one derives the layout of its own rows, which is exact because segments
+    restart at every row.
+
     The order, epochs and checkpoint cursor are ``BatchNativeLoader``'s: ``iter()`` serves the
     rest of the current epoch and a new ``iter()`` after its end serves the next one;
     ``set_epoch(e)`` starts epoch ``e`` (keeping the position if ``e`` is current). The state
     is the core loader's, so it also resumes a core loader, and vice versa.
 
-    Prefetch: a thread keeps ``prefetch`` batches waiting on the devices (and copies one more)
-    ahead of the loop. ``state_dict`` counts only delivered batches; starting a new pass,
+    Prefetch: right after handing out a batch, the copies of the next ``prefetch`` batches are
+    dispatched (JAX copies asynchronously), so they overlap the caller's step. This happens on
+    the caller's thread on purpose: on XLA's CPU backend, work dispatched from a second thread
+    while a step runs collectives can starve the collective's rendezvous and abort. ``state_dict`` counts only delivered batches; starting a new pass,
     ``set_epoch`` and ``load_state_dict`` drop what was read ahead and go back to the first
     undelivered batch, so nothing is skipped. Starting a new pass ends the previous iterator.
     """
@@ -203,6 +244,7 @@ class JaxBatchIterator(Generic[BatchT]):
         epoch: int = 0,
         next_token: Literal[False] = False,
         prefetch: int = 2,
+        bos_id: None = None,
     ) -> None: ...
 
     @overload
@@ -217,6 +259,22 @@ class JaxBatchIterator(Generic[BatchT]):
         *,
         next_token: Literal[True],
         prefetch: int = 2,
+        bos_id: None = None,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: JaxBatchIterator[DocumentBatch],
+        path: str | os.PathLike[str] | BatchFileReader,
+        sharding: Sharding | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        shuffle: bool = True,
+        seed: int | None = None,
+        epoch: int = 0,
+        next_token: bool = False,
+        prefetch: int = 2,
+        *,
+        bos_id: int,
     ) -> None: ...
 
     @overload
@@ -230,6 +288,7 @@ class JaxBatchIterator(Generic[BatchT]):
         epoch: int = 0,
         next_token: bool = False,
         prefetch: int = 2,
+        bos_id: int | None = None,
     ) -> None: ...
 
     def __init__(
@@ -242,6 +301,7 @@ class JaxBatchIterator(Generic[BatchT]):
         epoch: int = 0,
         next_token: bool = False,
         prefetch: int = 2,
+        bos_id: int | None = None,
     ) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int):
             raise TypeError(f"prefetch must be an integer, got {type(prefetch).__name__}")
@@ -272,14 +332,16 @@ class JaxBatchIterator(Generic[BatchT]):
                 rank=split.rank,
                 world_size=split.world_size,
                 next_token=next_token,
+                bos_id=bos_id,
             )
         except BaseException:
             if reader is not path:
                 reader.close()
             raise
         self.next_token = bool(next_token)
+        self.bos_id: int | None = self._loader.bos_id
         self.prefetch = prefetch
-        self._prefetcher: Prefetcher[Item, BatchT] | None = None
+        self._prefetcher: Lookahead[Item, BatchT] | None = None
 
     # -- host to device ----------------------------------------------------------------------
     def _array(self, local_rows: np.ndarray[Any, Any]) -> jax.Array:
@@ -287,13 +349,26 @@ class JaxBatchIterator(Generic[BatchT]):
         return _make_array(self.sharding, local_rows, self.global_shape)
 
     def _to_device(self, item: Item) -> BatchT:
-        """Runs in the prefetch thread: put one core item on the devices and wait for it."""
+        """Dispatch one core item's host-to-device copies (asynchronous in JAX)."""
+        if self.bos_id is not None:
+            documents: Any = self._documents(item)  # already on the devices
+            return cast("BatchT", documents)
         if self.next_token:
             inputs, labels = item
             out: Any = (self._array(inputs), self._array(labels.astype(np.int32)))
         else:
             out = self._array(item)
-        return cast("BatchT", _block_until_ready(out))
+        return cast("BatchT", out)
+
+    def _documents(self, item: dict[str, np.ndarray[Any, Any]]) -> DocumentBatch:
+        """A core ``bos_id`` dict on the devices; ``cu_seqlens`` stays on the host."""
+        out: dict[str, Any] = {
+            key: self._array(array.astype(np.int32, copy=False))  # labels: int64 -> int32
+            for key, array in item.items()
+            if key != "cu_seqlens"
+        }
+        out["cu_seqlens"] = item["cu_seqlens"]
+        return cast(DocumentBatch, out)
 
     # -- iteration ---------------------------------------------------------------------------
     def _rewind(self) -> None:
@@ -306,7 +381,7 @@ class JaxBatchIterator(Generic[BatchT]):
     def __iter__(self) -> Iterator[BatchT]:
         """Serve the rest of the current epoch, ``prefetch`` batches ahead on the devices."""
         self._rewind()
-        self._prefetcher = Prefetcher(
+        self._prefetcher = Lookahead(
             iter_with_state(self._loader), self._to_device, self.prefetch, self._loader.state_dict()
         )
         return self._prefetcher
@@ -334,7 +409,7 @@ class JaxBatchIterator(Generic[BatchT]):
 
     # -- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the prefetch thread and release the file; ``state_dict`` still works."""
+        """Drop the read-ahead and release the file; ``state_dict`` still works."""
         if self._prefetcher is not None:
             self._prefetcher.close()
         self._loader.reader.close()

@@ -21,6 +21,14 @@ Usage::
     for batch in tf_dataset("train.batch", rank=0, world_size=2, dtype="int32"):
         ...  # int32 [B // 2, T]: rank 0's rows of each batch, same order on every rank
 
+Packed rows (several documents per row, each starting with a BOS token): ``bos_id=...`` makes
+every element a dict that adds the document layout of ``zerobatch_core.documents``, computed in
+the graph with a few vectorised ops per batch::
+
+    ds = tf_dataset("train.batch", next_token=True, bos_id=tok.bos_id)
+    for b in ds:  # b["inputs"], b["labels"], b["segment_ids"], b["positions"]: [B, T - 1]
+        ...  # b["cu_seqlens"]: int32 [documents + 1], FlashAttention's varlen layout
+
 Token ids at or above 2**31 wrap to negative values with ``dtype="int32"`` (a bit-cast, exactly
 like the core's int32 view); use ``"int64"`` (the default) for vocabularies that large.
 """
@@ -61,6 +69,7 @@ def tf_dataset(
     rank: int | None = None,
     world_size: int | None = None,
     prefetch: bool = True,
+    bos_id: int | None = None,
 ) -> Any:
     """A ``tf.data.Dataset`` of the file's batches in ``BatchNativeLoader`` order.
 
@@ -84,9 +93,17 @@ def tf_dataset(
     - ``rank``/``world_size`` (default: ``RANK``/``WORLD_SIZE`` from the environment, else
       0/1): every rank walks the same order and gets its contiguous ``B // world_size`` rows.
     - ``prefetch`` appends ``prefetch(tf.data.AUTOTUNE)``.
+    - ``bos_id`` (packed rows whose documents start with that token) makes each element a dict:
+      ``tokens`` (or ``inputs`` and ``labels`` with ``next_token``) plus the document layout of
+      the tokens (or inputs), exactly the core loader's (``zerobatch_core.documents``):
+      ``segment_ids`` and ``positions`` (int32, the tokens' shape: 1-based segment per row,
+      position restarting at every BOS and row start) and ``cu_seqlens`` (int32, 1-D, shape
+      ``[None]``: one entry per document plus the total, so its length varies per batch).
+      The layout is computed in the graph, a few vectorised ops per batch. For Keras, ``map``
+      the dict to the ``(x, y)`` structure the model takes.
 
     Element shapes are static (``[B // world_size, T]``, or ``T - 1`` columns with
-    ``next_token``), so Keras builds the model with fixed shapes.
+    ``next_token``; ``cu_seqlens`` excepted), so Keras builds the model with fixed shapes.
 
     Iterating the returned dataset again starts again at the cursor: it is a description of
     the epochs ``epoch .. epoch + num_epochs - 1``, not a stateful loader. For Keras, either
@@ -116,6 +133,7 @@ def tf_dataset(
             rank=r,
             world_size=w,
             next_token=next_token,
+            bos_id=bos_id,
         )
         cursor = dict(loader.state_dict() if state is None else state)
         if state is None:
@@ -129,6 +147,7 @@ def tf_dataset(
         header = reader.header
         filename = os.path.abspath(reader.path)
         first_epoch, first_step = loader.epoch, loader.step
+        bos = loader.bos_id  # validated by the core
         order, rows = loader.order, loader.rows
 
     num_batches, seq_len = header.num_batches, header.seq_len
@@ -165,6 +184,8 @@ def tf_dataset(
         # decode_raw has no uint32: read the little-endian words as int32 (the same bits).
         words = tf.io.decode_raw(record, tf.int32, little_endian=True)
         mine = tf.reshape(words[token_start:token_stop], [rows_per_rank, seq_len])
+        if bos is not None:
+            return _documents(mine, bos, next_token, out_dtype)
         if not next_token:
             return _convert(mine, out_dtype)
         return _convert(mine[:, :-1], out_dtype), _convert(mine[:, 1:], tf.int64)
@@ -196,3 +217,34 @@ def _convert(words: Any, out_dtype: Any) -> Any:
     if out_dtype == tf.int32:
         return words
     return tf.cast(tf.bitcast(words, tf.uint32), out_dtype)
+
+
+def _documents(words: Any, bos_id: int, next_token: bool, out_dtype: Any) -> dict[str, Any]:
+    """One element of a ``bos_id`` dataset: the tokens and their document layout, in the graph.
+
+    The same layout as ``zerobatch_core.documents.document_layout``, vectorised over the batch:
+    a document starts at every BOS and at every row start; ``segment_ids`` counts the starts
+    along each row. Since every row starts a document, numbering the starts over the flattened
+    batch gives each token its document, whose start is an entry of ``cu_seqlens``: the
+    position is the token's flat index minus that entry (no cumulative max needed).
+    """
+    if next_token:
+        item = {
+            "inputs": _convert(words[:, :-1], out_dtype),
+            "labels": _convert(words[:, 1:], tf.int64),
+        }
+        tokens = words[:, :-1]
+    else:
+        item = {"tokens": _convert(words, out_dtype)}
+        tokens = words
+    rows, width = tokens.shape  # static
+    bos = tf.constant(np.array(bos_id, dtype=np.uint32).view(np.int32))  # the id's int32 bits
+    starts = tf.logical_or(tf.equal(tokens, bos), tf.equal(tf.range(width), 0)[tf.newaxis, :])
+    flat = tf.reshape(starts, [-1])
+    first = tf.cast(tf.where(flat)[:, 0], tf.int32)  # flat index of every document's start
+    document = tf.cumsum(tf.cast(flat, tf.int32)) - 1  # document of every token, over the batch
+    positions = tf.range(rows * width, dtype=tf.int32) - tf.gather(first, document)
+    item["segment_ids"] = tf.cumsum(tf.cast(starts, tf.int32), axis=1)
+    item["positions"] = tf.reshape(positions, [rows, width])
+    item["cu_seqlens"] = tf.concat([first, tf.constant([rows * width], tf.int32)], axis=0)
+    return item

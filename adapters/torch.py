@@ -21,6 +21,15 @@ Usage (``TorchBatchLoader`` keeps an exact, JSON-able cursor, workers or not)::
 ``TorchBatchDataset`` is the building block for a plain ``DataLoader(ds, batch_size=None,
 num_workers=k)`` or torchdata's ``StatefulDataLoader``; ``TorchBatchLoader`` wraps it for the
 common case and keeps an exact cursor even when the batches come from worker processes.
+
+Packed rows (several documents per row, each starting with a BOS token): ``bos_id=...`` makes
+every batch a dict of tensors that adds the core's document layout (``zerobatch_core.documents``)
+for variable-length attention::
+
+    loader = TorchBatchLoader("train.batch", next_token=True, bos_id=tok.bos_id, device="cuda")
+    for b in loader:  # b["inputs"], b["labels"]: [B, T - 1]; the layout is the inputs'
+        b["segment_ids"], b["positions"]  # int32 [B, T - 1]: attention masks, RoPE positions
+        b["cu_seqlens"]  # int32 [documents + 1]: flash_attn_varlen_func's cu_seqlens_q/k
 """
 
 from __future__ import annotations
@@ -43,7 +52,13 @@ from zerobatch_core.distributed import resolve_rank_world
 from zerobatch_core.loader import DEFAULT_BLOCK_SIZE
 from zerobatch_core.prefetch import Prefetcher
 
-__all__ = ["NextTokenBatch", "TorchBatchDataset", "TorchBatchLoader", "TorchDType"]
+__all__ = [
+    "DocumentBatch",
+    "NextTokenBatch",
+    "TorchBatchDataset",
+    "TorchBatchLoader",
+    "TorchDType",
+]
 
 TorchDType = Literal["int32", "int64"]
 PASS_DONE = "pass_done"
@@ -93,7 +108,11 @@ class NextTokenBatch(NamedTuple):
     labels: torch.Tensor
 
 
-TorchItem = torch.Tensor | NextTokenBatch
+DocumentBatch = dict[str, torch.Tensor]
+"""A ``bos_id`` item: ``tokens`` (or ``inputs``/``labels``), ``segment_ids``, ``positions``,
+``cu_seqlens``. A plain dict: ``DataLoader`` collation and ``pin_memory`` keep dicts."""
+
+TorchItem = torch.Tensor | NextTokenBatch | DocumentBatch
 
 
 def _distributed_rank_world() -> tuple[int, int] | None:
@@ -106,6 +125,9 @@ def _distributed_rank_world() -> tuple[int, int] | None:
 
 def _tensors(item: Any) -> TorchItem:
     """Wrap the core loader's arrays as tensors without copying them."""
+    if isinstance(item, dict):
+        arrays: dict[str, npt.NDArray[Any]] = item
+        return {key: torch.from_numpy(array) for key, array in arrays.items()}
     if isinstance(item, tuple):
         inputs: npt.NDArray[np.integer[Any]] = item[0]
         labels: npt.NDArray[np.int64] = item[1]
@@ -123,6 +145,15 @@ class TorchBatchDataset(IterableDataset[TorchItem]):
     below 2**31). **int32 tensors share read-only memory with the file: never modify them in
     place** (``t.add_(1)`` would crash the process with SIGSEGV); ``.clone()`` or ``.long()`` first.
     Labels are always int64 (a copy), as ``cross_entropy`` wants.
+
+    ``bos_id`` (packed rows whose documents start with that token) makes each item a dict
+    (``DocumentBatch``) of the core loader's arrays as tensors: ``tokens`` (or ``inputs`` and
+    ``labels`` with ``next_token``, dtypes as above) plus the document layout of the tokens (or
+    inputs), derived by the core once per batch: ``segment_ids`` and ``positions`` (int32, the
+    shape of the tokens or inputs; 1-based segments and positions restarting at every BOS and
+    row start) and ``cu_seqlens`` (int32, 1-D, one more entry than the batch has documents, so
+    its length varies from batch to batch: FlashAttention's varlen layout over the flattened
+    rows; no document is longer than a row, a bound for ``max_seqlen``).
 
     The order is ``BatchNativeLoader``'s (see ``zerobatch_core``): ``seed`` defaults to the
     file's, ``shuffle=False`` serves file order. Ranks: ``rank``/``world_size`` if given,
@@ -150,6 +181,7 @@ class TorchBatchDataset(IterableDataset[TorchItem]):
         next_token: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        bos_id: int | None = None,
     ) -> None:
         if dtype not in ("int32", "int64"):
             raise ValueError(
@@ -160,7 +192,7 @@ class TorchBatchDataset(IterableDataset[TorchItem]):
         # The core loader pickles cleanly (its reader reopens the file by path), so worker
         # processes get a copy whatever their start method.
         self.loader = BatchNativeLoader(
-            path, block_size, shuffle, seed, epoch, dtype, r, w, next_token=next_token
+            path, block_size, shuffle, seed, epoch, dtype, r, w, next_token, bos_id
         )
         self._skip_pass = False  # restored from a state whose pass this copy had finished
         self._pass_done = False  # a live pass has served this copy's last step
@@ -250,11 +282,12 @@ class TorchBatchLoader:
     ``device`` prefetch queue, where batches are read ahead: it counts what the training loop
     has received. When resuming, continue the epoch loop from ``loader.epoch``.
 
-    ``device`` (e.g. ``"cuda"``) moves batches with ``.to(device, non_blocking=True)`` in a
-    background thread, ``prefetch`` batches ahead; combine with ``pin_memory=True`` for
-    asynchronous host-to-device copies. ``multiprocessing_context`` is passed to the
-    ``DataLoader`` (use ``"forkserver"`` or ``"spawn"`` when the process already runs threads,
-    e.g. after JAX or TensorFlow started). The other arguments are ``TorchBatchDataset``'s.
+    ``device`` (e.g. ``"cuda"``) moves batches (each tensor of a ``bos_id`` dict) with
+    ``.to(device, non_blocking=True)`` in a background thread, ``prefetch`` batches ahead;
+    combine with ``pin_memory=True`` for asynchronous host-to-device copies.
+    ``multiprocessing_context`` is passed to the ``DataLoader`` (use ``"forkserver"`` or
+    ``"spawn"`` when the process already runs threads, e.g. after JAX or TensorFlow started).
+    The other arguments are ``TorchBatchDataset``'s.
     """
 
     def __init__(
@@ -268,6 +301,7 @@ class TorchBatchLoader:
         next_token: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        bos_id: int | None = None,
         *,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -281,7 +315,7 @@ class TorchBatchLoader:
         self.pin_memory = bool(pin_memory)
         self.device = None if device is None else torch.device(device)
         self.dataset = TorchBatchDataset(
-            path, block_size, shuffle, seed, epoch, dtype, next_token, rank, world_size
+            path, block_size, shuffle, seed, epoch, dtype, next_token, rank, world_size, bos_id
         )
         core = self.dataset.loader
         # The global cursor: a core loader that is never iterated, only moved, so the cursor
@@ -332,6 +366,8 @@ class TorchBatchLoader:
         return batches
 
     def _move(self, item: TorchItem) -> TorchItem:
+        if isinstance(item, dict):
+            return {key: t.to(self.device, non_blocking=True) for key, t in item.items()}
         if isinstance(item, NextTokenBatch):
             return NextTokenBatch(*(t.to(self.device, non_blocking=True) for t in item))
         return item.to(self.device, non_blocking=True)

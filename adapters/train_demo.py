@@ -129,7 +129,7 @@ class ModelConfig:
 class TrainConfig:
     """Optimisation, budget, logging and sampling settings shared by both frameworks."""
 
-    steps: int = 300
+    steps: int = 500
     seconds: float = 90.0
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -164,8 +164,8 @@ class TrainResult:
     steps: int = 0
     epochs: float = 0.0
     seconds: float = 0.0
-    data_seconds: float = 0.0  # time spent waiting in next(iterator)
-    step_seconds: float = 0.0  # data wait + compute, summed over the steps
+    data_seconds: float = 0.0  # time spent waiting in next(iterator), from step 2 on
+    step_seconds: float = 0.0  # data wait + compute, summed over the steps from step 2 on
     sample: str = ""
 
 
@@ -178,7 +178,8 @@ def train_loop(
     """Run ``step_fn`` over epochs until ``cfg.steps`` steps or ``cfg.seconds`` have passed.
 
     ``epoch_batches(e)`` sets the loader's epoch and returns it; the time spent in
-    ``next()`` on it is the data loader's share of the step time. The loss printed every
+    ``next()`` on it is the data loader's share of the step time (measured from the second
+    step on: the first includes compilation and warm-up). The loss printed every
     ``cfg.log_every`` steps is the mean over the steps since the previous line.
     """
     result = TrainResult()
@@ -199,8 +200,9 @@ def train_loop(
             t2 = time.perf_counter()
             if not math.isfinite(loss):
                 raise FloatingPointError(f"step {result.steps + 1}: the loss is {loss}")
-            result.data_seconds += t1 - t0
-            result.step_seconds += t2 - t0
+            if result.steps:  # the first step (compilation, warm-up) is not typical
+                result.data_seconds += t1 - t0
+                result.step_seconds += t2 - t0
             result.steps += 1
             served += 1
             window.append(loss)
@@ -535,14 +537,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.seq_len < 2:
         raise SystemExit("--seq-len must be at least 2")
-    print(f"ZeroBatch training demo ({args.framework}, CPU)", flush=True)
+    print(f"ZeroBatch training demo ({args.framework})", flush=True)
     t0 = time.perf_counter()
     info = write_corpus_dataset(
         args.out, seq_len=args.seq_len, batch_size=args.batch_size, seed=args.seed
     )
     dropped = info.total_records - info.num_batches * info.batch_size
     print(
-        f"corpus: {info.documents} public-domain texts, {info.corpus_bytes:,} bytes, "
+        f"corpus: {info.documents} files of public-domain text, {info.corpus_bytes:,} bytes, "
         f"byte-level tokens (vocabulary {ByteTokenizer.vocab_size}: 256 bytes + BOS)\n"
         f"wrote {info.path}: {info.num_batches} batches of [{info.batch_size}, "
         f"{info.record_len}], {info.tokens:,} tokens, {info.file_bytes:,} bytes "
@@ -565,14 +567,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = train(info.path, model_cfg, cfg)
 
     first, last = result.losses[0][1], result.losses[-1][1]
-    ms = 1e3 * result.step_seconds / max(1, result.steps)
+    timed = max(1, result.steps - 1)  # steps 2..N (see train_loop)
+    ms = 1e3 * result.step_seconds / timed
     tokens_per_s = result.steps * info.batch_size * args.seq_len / max(result.seconds, 1e-9)
     share = 100 * result.data_seconds / max(result.step_seconds, 1e-12)
     print(
         f"trained {result.steps} steps ({result.epochs:.1f} epochs) in {result.seconds:.1f} s: "
         f"{ms:.0f} ms/step, {tokens_per_s:,.0f} tokens/s; loss {first:.3f} -> {last:.3f}\n"
-        f"data loader: {1e3 * result.data_seconds / max(1, result.steps):.2f} ms of "
-        f"{ms:.0f} ms per step waiting on next(iterator) = {share:.2f}% of step time",
+        f"data loader: {1e3 * result.data_seconds / timed:.2f} ms of {ms:.1f} ms per step "
+        f"waiting on next(iterator) = {share:.2f}% of step time",
         flush=True,
     )
     if result.sample:

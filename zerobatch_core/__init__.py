@@ -5,7 +5,9 @@ The public API is what ``__all__`` lists; everything else is internal.
 
 from zerobatch_spec import ErrorCode, Header
 
-from .errors import FormatError, StateError, WriteError, ZeroBatchError
+from .documents import DocumentLayout, document_layout
+from .errors import FormatError, IngestError, StateError, WriteError, ZeroBatchError
+from .ingest.convert import ConvertSummary, convert
 from .loader import BatchNativeLoader
 from .reader import BatchFileReader
 from .tokenizer import ByteTokenizer, pack_documents
@@ -18,14 +20,19 @@ __all__ = [
     "BatchFileReader",
     "BatchNativeLoader",
     "ByteTokenizer",
+    "ConvertSummary",
+    "DocumentLayout",
     "ErrorCode",
     "FormatError",
     "Header",
+    "IngestError",
     "StateError",
     "ValidationReport",
     "WriteError",
     "ZeroBatchError",
     "__version__",
+    "convert",
+    "document_layout",
     "pack_documents",
     "validate_file",
     "write_batch_dataset",

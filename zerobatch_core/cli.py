@@ -1,4 +1,4 @@
-"""The ``zerobatch`` command line: inspect, validate, write, conformance, probe, demo.
+"""The ``zerobatch`` command line: inspect, validate, write, convert, conformance, probe, demo.
 
 Exit status: 0 success (a valid file), 1 an invalid file or a failed check, 2 a usage error or
 a file that cannot be opened.
@@ -97,6 +97,36 @@ def cmd_write(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .ingest.convert import convert, progress_bar
+
+    progress = None if args.quiet or args.json else progress_bar(args.seq_len)
+    summary = convert(
+        args.sources,
+        args.output,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        progress=progress,
+        kind=args.kind,
+        tokenizer=args.tokenizer,
+        mode=args.mode,
+        pad_id=args.pad_id,
+        text_field=args.text_field,
+        per_line=args.per_line,
+        workers=args.workers,
+        align=args.align,
+        bos_token=args.bos_token,
+    )
+    if progress is not None:
+        print(file=sys.stderr)
+    if args.json:
+        print(json.dumps(summary.as_dict()))
+    else:
+        print("\n".join(summary.lines()))
+    return EXIT_OK
+
+
 def cmd_conformance(args: argparse.Namespace) -> int:
     from zerobatch_conformance.runner import command_answerer, report, run_vectors
 
@@ -172,6 +202,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=_seed, default=0)
     p.set_defaults(func=cmd_write)
+
+    p = sub.add_parser(
+        "convert",
+        help="convert nanoGPT .bin shards, .npy arrays or text (parquet, jsonl, txt) to LLMBATCH",
+    )
+    p.add_argument("sources", nargs="+", help="input files or glob patterns (quote globs)")
+    p.add_argument("output", help="the .batch file to write")
+    p.add_argument("--seq-len", type=_positive, required=True)
+    p.add_argument("--batch-size", type=_positive, required=True)
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument(
+        "--kind",
+        choices=["nanogpt", "npy", "text"],
+        default=None,
+        help="source kind (default: from the file suffixes)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default="byte",
+        help="text only: byte | hf:PATH/tokenizer.json?bos=TOKEN | "
+        "tiktoken:PATH.tiktoken (default: byte)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=["pack", "pad"],
+        default="pack",
+        help="text only: pack documents across rows (default) or pad each one",
+    )
+    p.add_argument("--pad-id", type=int, default=None, help="text, pad mode: padding token")
+    p.add_argument("--text-field", default="text", help="parquet column / JSONL field")
+    p.add_argument("--per-line", action="store_true", help="plain text: one document per line")
+    p.add_argument("--workers", type=_positive, default=1, help="tokenizer processes")
+    p.add_argument(
+        "--align",
+        choices=["contiguous", "bos"],
+        default="contiguous",
+        help="nanoGPT only: cut records contiguously or starting at BOS tokens",
+    )
+    p.add_argument("--bos-token", type=int, default=None, help="nanoGPT only: the BOS id")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("conformance", help="run the conformance vectors against an implementation")
     p.add_argument(

@@ -38,7 +38,7 @@ def document_starts(tokens: npt.NDArray[np.integer], bos_id: int) -> npt.NDArray
     """``True`` where a document starts: at every BOS token and at the start of every row."""
     if tokens.ndim != 2:
         raise ValueError(f"expected a [rows, seq_len] batch, got shape {tokens.shape}")
-    starts = tokens == bos_id
+    starts: npt.NDArray[np.bool_] = np.equal(tokens, bos_id)
     if tokens.shape[1]:
         starts[:, 0] = True
     return starts

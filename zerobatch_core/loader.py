@@ -20,6 +20,7 @@ from zerobatch_spec.shuffle import MASK64
 
 from .arguments import int_arg
 from .distributed import rank_rows
+from .documents import document_layout
 from .errors import StateError
 from .order import BlockOrder
 from .reader import BatchFileReader
@@ -44,6 +45,9 @@ class BatchNativeLoader:
     ``seed`` defaults to the seed stored in the file. ``shuffle=False`` serves file order.
     With ``next_token=True`` each item is ``(inputs, labels)``: the batch without its last
     token (in ``dtype``) and without its first token (always int64, as cross-entropy wants).
+    With ``bos_id`` set (packed rows whose documents start with that token), each item is a
+    dict: ``tokens`` (or ``inputs`` and ``labels``) plus the document layout of the tokens (or
+    inputs) as ``segment_ids``, ``positions`` and ``cu_seqlens`` (see ``documents.py``).
 
     Data parallelism: with ``world_size`` ranks, every rank walks the same order and gets its
     own ``batch_size // world_size`` contiguous rows of each batch, so one step of all ranks
@@ -74,6 +78,7 @@ class BatchNativeLoader:
         rank: int = 0,
         world_size: int = 1,
         next_token: bool = False,
+        bos_id: int | None = None,
     ) -> None:
         self.reader = path if isinstance(path, BatchFileReader) else BatchFileReader(path)
         block_size = int_arg("block_size", block_size, 1)
@@ -86,6 +91,7 @@ class BatchNativeLoader:
         self.seed = _u64("seed", self.reader.seed if seed is None else seed)
         self.dtype: OutputDType = dtype
         self.next_token = bool(next_token)
+        self.bos_id = None if bos_id is None else int_arg("bos_id", bos_id, 0, 2**32 - 1)
         self.rank, self.world_size = rank, world_size
         self.rows = rank_rows(self.reader.batch_size, rank, world_size)
         self.order = BlockOrder(self.reader.num_batches, self.block_size, self.seed, self.shuffle)
@@ -157,9 +163,25 @@ class BatchNativeLoader:
     # -- iteration -------------------------------------------------------------------------
     def _item(self, index: int) -> Item:
         batch: U32Batch = self.reader.read_batch(index)[self.rows]
+        if self.bos_id is not None:
+            return self._documents_item(batch, self.bos_id)
         if not self.next_token:
             return _convert(batch, self.dtype)
         return _convert(batch[:, :-1], self.dtype), batch[:, 1:].astype(np.int64)
+
+    def _documents_item(self, batch: U32Batch, bos_id: int) -> dict[str, npt.NDArray[Any]]:
+        """The batch (or its next-token pair) with its document layout (``documents.py``)."""
+        inputs = batch[:, :-1] if self.next_token else batch
+        layout = document_layout(inputs, bos_id)
+        item: dict[str, npt.NDArray[Any]] = (
+            {"inputs": _convert(inputs, self.dtype), "labels": batch[:, 1:].astype(np.int64)}
+            if self.next_token
+            else {"tokens": _convert(batch, self.dtype)}
+        )
+        item["segment_ids"] = layout.segment_ids
+        item["positions"] = layout.positions
+        item["cu_seqlens"] = layout.cu_seqlens
+        return item
 
     def __iter__(self) -> Iterator[Item]:
         """Serve the rest of the current epoch, advancing the cursor with every item.

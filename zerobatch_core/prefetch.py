@@ -8,6 +8,7 @@ thread has read ahead.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -97,3 +98,53 @@ class Prefetcher(Generic[S, T]):
 
     def __del__(self) -> None:
         self._stop.set()
+
+
+class Lookahead(Generic[S, T]):
+    """Like ``Prefetcher``, but on the calling thread: ``transform`` runs ``depth`` items ahead.
+
+    For frameworks whose transfers are already asynchronous (JAX dispatches a host-to-device
+    copy and returns at once), issuing the next copies right after handing out an item overlaps
+    them with the caller's step without a second thread. That matters on XLA's CPU backend,
+    where computations dispatched from two threads at once can starve a collective's
+    rendezvous and abort the process.
+    """
+
+    def __init__(
+        self,
+        source: Iterator[tuple[S, dict[str, Any]]],
+        transform: Callable[[S], T],
+        depth: int,
+        initial_state: dict[str, Any],
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"prefetch depth must be at least 1, got {depth}")
+        self.state = initial_state
+        self._source, self._transform, self._depth = source, transform, depth
+        self._queue: collections.deque[tuple[T, dict[str, Any]]] = collections.deque()
+        self._done = False
+
+    def _fill(self) -> None:
+        while not self._done and len(self._queue) < self._depth:
+            try:
+                item, state = next(self._source)
+            except StopIteration:
+                self._done = True
+                return
+            self._queue.append((self._transform(item), state))
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        self._fill()
+        if not self._queue:
+            raise StopIteration
+        value, self.state = self._queue.popleft()
+        self._fill()  # dispatch the next transfers before the caller starts its step
+        return value
+
+    def close(self) -> None:
+        """Drop what was read ahead; ``state`` stays that of the last delivered item."""
+        self._queue.clear()
+        self._done = True

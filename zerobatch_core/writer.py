@@ -27,6 +27,7 @@ from zerobatch_spec.layout import U32_MAX
 
 from .arguments import int_arg
 from .errors import WriteError
+from .pages import release_pages
 
 CHUNK_BYTES = 8 * 2**20
 """Target size of one output write; large writes also leave the page cache fast to map."""
@@ -65,6 +66,23 @@ def _to_u32(rows: npt.NDArray[np.integer], what: str, first_record: int) -> npt.
     return rows.astype("<u4")
 
 
+def _remove_stale_temporaries(directory: str, prefix: str) -> None:
+    """Delete temp files a killed writer of the same output left (its pid no longer runs)."""
+    for name in os.listdir(directory):
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        pid_text = name[len(prefix) :].split(".", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            with suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
+        except PermissionError:
+            pass  # alive, owned by someone else
+
+
 @contextmanager
 def _atomic_output(path: str) -> Iterator[BinaryIO]:
     """A temp file beside ``path`` that replaces it only if the block completes.
@@ -73,7 +91,9 @@ def _atomic_output(path: str) -> Iterator[BinaryIO]:
     for a valid file; the rename happens after fsync, and the directory is fsynced after it.
     """
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    prefix = f".{os.path.basename(path)}."
+    _remove_stale_temporaries(directory, prefix)
+    fd, tmp = tempfile.mkstemp(prefix=f"{prefix}{os.getpid()}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -122,6 +142,7 @@ def _write_permuted(
             # Scatter straight into the slots' token area (a [m, B, T] view of the buffer).
             slots = buf[:m, :batch_words].reshape(m, batch_size, seq_len)
             slots[order // batch_size, order % batch_size] = rows
+            release_pages(source)  # a mapped source must not pile up in the resident set
             f.write(buf[:m].data)
         f.seek(0)
         f.write(build_header(header))

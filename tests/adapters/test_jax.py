@@ -283,7 +283,7 @@ def test_state_dict_counts_only_delivered_batches(make_file: MakeFile) -> None:
     for i in range(k):
         assert_array(next(stream), expected[i][0], sharding)
         assert it.state_dict() == expected[i][1]
-    wait_for(lambda: it._loader.step >= k + 3)  # the thread has put 3 more on the devices
+    wait_for(lambda: it._loader.step >= k + 3)  # 3 more are already in flight
     saved = json.loads(json.dumps(it.state_dict()))
     assert saved == expected[k - 1][1] and saved["step"] == k
 

@@ -50,3 +50,24 @@ def test_matches_reference(tokens: np.ndarray) -> None:
     assert layout.segment_ids.tolist() == seg
     assert layout.positions.tolist() == pos
     assert layout.cu_seqlens.tolist() == cu
+
+
+def test_loader_yields_the_layout(tmp_path: object) -> None:
+    import pathlib
+
+    from zerobatch_core import BatchNativeLoader, write_batch_file
+
+    path = pathlib.Path(str(tmp_path)) / "d.batch"
+    rng = np.random.default_rng(0)
+    write_batch_file(path, rng.integers(0, 10, size=(40, 12), dtype=np.uint32), 4, seed=1)
+    plain = list(BatchNativeLoader(path, block_size=3, dtype="int64", next_token=True))
+    docs = list(BatchNativeLoader(path, block_size=3, dtype="int64", next_token=True, bos_id=BOS))
+    for (inputs, labels), item in zip(plain, docs, strict=True):
+        np.testing.assert_array_equal(item["inputs"], inputs)
+        np.testing.assert_array_equal(item["labels"], labels)
+        want = document_layout(inputs, BOS)
+        np.testing.assert_array_equal(item["segment_ids"], want.segment_ids)
+        np.testing.assert_array_equal(item["positions"], want.positions)
+        np.testing.assert_array_equal(item["cu_seqlens"], want.cu_seqlens)
+    tokens = next(iter(BatchNativeLoader(path, bos_id=BOS)))
+    assert set(tokens) == {"tokens", "segment_ids", "positions", "cu_seqlens"}

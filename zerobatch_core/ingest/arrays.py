@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from ..arguments import U32_MAX
 from ..errors import IngestError
+from ..pages import release_pages
 from .source import (
     PathLike,
     Patterns,
@@ -104,7 +105,9 @@ class ArrayFile:
         for r0 in range(0, n, k):
             r1 = min(r0 + k, n)
             rows = self.array[r0 * t : r1 * t].reshape(r1 - r0, t) if flat else self.array[r0:r1]
-            yield self._to_u32(np.asarray(rows), r0, flat)
+            block = self._to_u32(np.asarray(rows), r0, flat)
+            release_pages(self.array)  # keep the resident set flat however big the array
+            yield block
 
     def _to_u32(self, rows: IntArray, first: int, flat: bool) -> U32Block:
         """``rows`` as uint32, or an ``IngestError`` naming the first out-of-range token."""

@@ -77,6 +77,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..arguments import U32_MAX, int_arg
 from ..errors import IngestError
+from ..pages import release_pages
 from .source import (
     PathLike,
     Patterns,
@@ -222,10 +223,10 @@ class BinShard:
         """BOS positions by comparing the memory map a chunk at a time (bounded memory)."""
         step = max(1, SCAN_CHUNK_BYTES // self.itemsize)
         target = self.dtype.type(bos)
-        parts = [
-            np.flatnonzero(self._tokens[s : s + step] == target).astype(np.int64) + s
-            for s in range(0, self.num_tokens, step)
-        ]
+        parts = []
+        for s in range(0, self.num_tokens, step):
+            parts.append(np.flatnonzero(self._tokens[s : s + step] == target).astype(np.int64) + s)
+            release_pages(self._tokens)
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def _read_bos_index(self, bos: int) -> I64Array:
@@ -310,14 +311,18 @@ class BinShard:
         n = self.num_tokens // t
         for r0 in range(0, n, k):
             r1 = min(r0 + k, n)
-            yield self._tokens[r0 * t : r1 * t].reshape(r1 - r0, t).astype(np.uint32)
+            block = self._tokens[r0 * t : r1 * t].reshape(r1 - r0, t).astype(np.uint32)
+            release_pages(self._tokens)  # keep the resident set flat however big the shard
+            yield block
 
     def _gathered_blocks(self, starts: I64Array, t: int, k: int) -> Iterator[U32Block]:
         if starts.size == 0:
             return
         windows = sliding_window_view(self._tokens, t)  # [num_tokens - t + 1, t], no copy
         for i in range(0, starts.size, k):
-            yield np.asarray(windows[starts[i : i + k]], dtype=np.uint32)
+            block = np.asarray(windows[starts[i : i + k]], dtype=np.uint32)
+            release_pages(self._tokens)
+            yield block
 
     def __repr__(self) -> str:
         return (
