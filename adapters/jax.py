@@ -228,9 +228,10 @@ class JaxBatchIterator(Generic[BatchT]):
     Prefetch: right after handing out a batch, the copies of the next ``prefetch`` batches are
     dispatched (JAX copies asynchronously), so they overlap the caller's step. This happens on
     the caller's thread on purpose: on XLA's CPU backend, work dispatched from a second thread
-    while a step runs collectives can starve the collective's rendezvous and abort. ``state_dict`` counts only delivered batches; starting a new pass,
-    ``set_epoch`` and ``load_state_dict`` drop what was read ahead and go back to the first
-    undelivered batch, so nothing is skipped. Starting a new pass ends the previous iterator.
+    while a step runs collectives can starve the collective's rendezvous and abort.
+    ``state_dict`` counts only delivered batches; starting a new pass, ``set_epoch`` and
+    ``load_state_dict`` drop what was read ahead and go back to the first undelivered batch,
+    so nothing is skipped. Starting a new pass ends the previous iterator.
     """
 
     @overload

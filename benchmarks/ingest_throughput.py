@@ -22,7 +22,7 @@ tokenizer produced, BOS excluded) per second of wall time from loading the token
 end; the ratio is ours over ``plain`` on text bytes per second, which for the BPE rows equals
 the ratio of tokens/s (same corpus, same tokens)::
 
-    python benchmarks/ingest_throughput.py                 # 16 MiB corpus, 3 trials
+    python benchmarks/ingest_throughput.py                 # 8 MiB corpus, 3 trials
     python benchmarks/ingest_throughput.py --mb 32 --trials 5 --json tput.json
 """
 
@@ -33,6 +33,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import sys
 import time
@@ -72,6 +73,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
 # --- children ---------------------------------------------------------------------------------
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children that have been waited for."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _child_generate(payload: dict[str, Any]) -> dict[str, Any]:
     workdir = Path(payload["workdir"])
     spec = train_bpe(take_bytes(documents(), 4 * MIB), workdir / "tokenizer.json")
@@ -83,7 +91,7 @@ def _child_plain(payload: dict[str, Any]) -> dict[str, Any]:
     import pyarrow.parquet as pq
     from tokenizers import Tokenizer
 
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), _cpu_seconds()
     tok = Tokenizer.from_file(payload["tokenizer_path"])
     encode = getattr(tok, payload["method"])
     texts: list[str] = pq.read_table(payload["corpus"], columns=["text"])["text"].to_pylist()
@@ -91,7 +99,8 @@ def _child_plain(payload: dict[str, Any]) -> dict[str, Any]:
     tokens = 0
     for i in range(0, len(texts), step):
         tokens += sum(len(e) for e in encode(texts[i : i + step], add_special_tokens=False))
-    return {"seconds": time.perf_counter() - start, "tokens": tokens}
+    seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu0
+    return {"seconds": seconds, "cpu_s": cpu, "tokens": tokens}
 
 
 def _child_pack(payload: dict[str, Any]) -> dict[str, Any]:
@@ -100,11 +109,16 @@ def _child_pack(payload: dict[str, Any]) -> dict[str, Any]:
 
     from zerobatch_core.ingest.text import TextSource
 
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), _cpu_seconds()
     src = TextSource([payload["corpus"]], payload["spec"], SEQ_LEN, workers=payload["workers"])
     records = sum(block.shape[0] for block in src.iter_blocks())
     assert src.stats is not None
-    return {"seconds": time.perf_counter() - start, "tokens": src.stats.tokens, "records": records}
+    return {
+        "seconds": time.perf_counter() - start,
+        "cpu_s": _cpu_seconds() - cpu0,
+        "tokens": src.stats.tokens,
+        "records": records,
+    }
 
 
 def _child_ours(payload: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +127,7 @@ def _child_ours(payload: dict[str, Any]) -> dict[str, Any]:
 
     from zerobatch_core.ingest.convert import convert
 
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), _cpu_seconds()
     summary = convert(
         [payload["corpus"]],
         payload["output"],
@@ -125,6 +139,7 @@ def _child_ours(payload: dict[str, Any]) -> dict[str, Any]:
     )
     return {
         "seconds": time.perf_counter() - start,
+        "cpu_s": _cpu_seconds() - cpu0,
         "tokens": int(summary.packing["tokens"]),
         "written_tokens": summary.tokens,
         "output_bytes": summary.output_bytes,
@@ -182,7 +197,7 @@ def _run(names: list[str], trials: int, workdir: Path, corpus: Path, spec: str) 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the variants, print the table."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--mb", type=float, default=16.0, help="MiB of text in the corpus")
+    parser.add_argument("--mb", type=float, default=8.0, help="MiB of text in the corpus")
     parser.add_argument("--trials", type=int, default=3, help="trials per variant (median)")
     parser.add_argument(
         "--variants",
@@ -233,28 +248,37 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, Any]] = {}
     for name in names:
         seconds = median([s["seconds"] for s in samples[name]])
+        cpu = median([s["cpu_s"] for s in samples[name]])
         tokens = samples[name][0]["tokens"]
         rows[name] = {
             **VARIANTS[name],
             "seconds_median": seconds,
             "seconds_all": [s["seconds"] for s in samples[name]],
+            "cpu_s_median": cpu,
+            "cpu_s_all": [s["cpu_s"] for s in samples[name]],
             "tokens": tokens,
             "tokens_per_s": tokens / seconds,
             "text_mb_per_s": text_bytes / seconds / 1e6,
+            "text_mb_per_cpu_s": text_bytes / cpu / 1e6,
         }
     ref = rows[REFERENCE]
     print(
-        f"\n{'variant':<10} {'tokens':>12} {'median s':>9} {'Mtok/s':>8} {'text MB/s':>10} "
-        f"{'vs plain':>9}"
+        f"\n{'variant':<10} {'tokens':>11} {'median s':>9} {'Mtok/s':>7} {'text MB/s':>9} "
+        f"{'vs plain':>8} {'CPU s':>7} {'MB/CPU-s':>8} {'vs plain':>8}"
     )
     for name, r in rows.items():
         r["ratio_vs_plain"] = r["text_mb_per_s"] / ref["text_mb_per_s"]
+        r["cpu_ratio_vs_plain"] = r["text_mb_per_cpu_s"] / ref["text_mb_per_cpu_s"]
         print(
-            f"{name:<10} {r['tokens']:>12,} {r['seconds_median']:>9.2f} "
-            f"{r['tokens_per_s'] / 1e6:>8.3f} {r['text_mb_per_s']:>10.2f} "
-            f"{r['ratio_vs_plain']:>8.2f}x"
+            f"{name:<10} {r['tokens']:>11,} {r['seconds_median']:>9.2f} "
+            f"{r['tokens_per_s'] / 1e6:>7.3f} {r['text_mb_per_s']:>9.2f} "
+            f"{r['ratio_vs_plain']:>7.2f}x {r['cpu_s_median']:>7.2f} "
+            f"{r['text_mb_per_cpu_s']:>8.2f} {r['cpu_ratio_vs_plain']:>7.2f}x"
         )
-    print("(vs plain: text bytes/s over plain's; for the BPE rows the same as tokens/s)")
+    print(
+        "(vs plain: text bytes per wall second, then per CPU second, over plain's; for the BPE\n"
+        " rows the same as the tokens/s ratio. CPU s counts the child and its worker processes.)"
+    )
     bpe_counts = {r["tokens"] for n, r in rows.items() if n != "byte-w1"}
     if len(bpe_counts) != 1:
         print(f"WARNING: BPE variants counted different tokens: {sorted(bpe_counts)}")
@@ -262,7 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}")
     for name in ("ours-w1", "ours-w2"):
         if name in rows:
-            print(f"{name} / plain: {rows[name]['ratio_vs_plain']:.2f}x tokens/s")
+            r = rows[name]
+            print(
+                f"{name} / plain: {r['ratio_vs_plain']:.2f}x tokens/s "
+                f"({r['tokens_per_s'] / 1e6:.3f}M vs {ref['tokens_per_s'] / 1e6:.3f}M), "
+                f"{r['cpu_ratio_vs_plain']:.2f}x tokens per CPU second"
+            )
     if args.json:
         doc = {
             "benchmark": "ingest_throughput",

@@ -8,6 +8,7 @@ records each chunk needs, so memory is bounded by the chunk size and never by th
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -112,8 +113,52 @@ def _atomic_output(path: str) -> Iterator[BinaryIO]:
         os.close(dfd)
 
 
+class RecordFile:
+    """Records ``[n, seq_len]`` stored raw in a file, gathered with positioned reads.
+
+    The writer reads each output chunk's records from all over its source. Through a memory map
+    those reads would leave the whole file in the process's resident set (the kernel maps page
+    cache in blocks of up to 2 MiB per touch); ``pread`` copies just the records and keeps the
+    resident set at one chunk, whatever the file size.
+    """
+
+    def __init__(
+        self, fd: int, offset: int, shape: tuple[int, int], dtype: np.dtype[np.integer]
+    ) -> None:
+        self.fd, self.offset, self.shape, self.dtype = fd, offset, shape, dtype
+        self.row_bytes = shape[1] * dtype.itemsize
+
+    def gather(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.integer]:
+        """Rows ``indices`` (ascending), reading each run of consecutive rows at once."""
+        out = np.empty((indices.size, self.shape[1]), dtype=self.dtype)
+        if indices.size == 0:
+            return out
+        breaks = np.flatnonzero(np.diff(indices) != 1) + 1
+        starts = np.concatenate([[0], breaks]).tolist()
+        ends = np.concatenate([breaks, [indices.size]]).tolist()
+        first = indices[starts].tolist()
+        for a, b, row in zip(starts, ends, first, strict=True):
+            want = (b - a) * self.row_bytes
+            got = os.preadv(self.fd, [out[a:b].data], self.offset + row * self.row_bytes)
+            if got != want:
+                raise WriteError(f"source file ended early: read {got} of {want} bytes")
+        return out
+
+
+def _as_record_file(source: npt.NDArray[np.integer]) -> RecordFile | None:
+    """A ``RecordFile`` over an unsliced, C-ordered ``np.memmap``, else ``None``."""
+    base: object = getattr(source, "base", None)  # the mmap itself only when not a view
+    if not isinstance(source, np.memmap) or not isinstance(base, mmap.mmap):
+        return None
+    if not source.flags.c_contiguous or source.filename is None:
+        return None
+    fd = os.open(source.filename, os.O_RDONLY | os.O_CLOEXEC)
+    shape = (int(source.shape[0]), int(source.shape[1]))
+    return RecordFile(fd, int(source.offset), shape, source.dtype)
+
+
 def _write_permuted(
-    path: str, source: npt.NDArray[np.integer], batch_size: int, seed: int, what: str
+    path: str, source: npt.NDArray[np.integer] | RecordFile, batch_size: int, seed: int, what: str
 ) -> int:
     """Write ``source`` ([N, T]) as an LLMBATCH file at ``path``; return the batch count."""
     total, seq_len = int(source.shape[0]), int(source.shape[1])
@@ -138,11 +183,18 @@ def _write_permuted(
             positions = np.arange(b0 * batch_size, b1 * batch_size, dtype=np.uint64)
             wanted = permute_array(positions, total, seed, DOMAIN_RECORDS).astype(np.int64)
             order = np.argsort(wanted, kind="stable")  # read the source in ascending order
-            rows = _to_u32(np.asarray(source[wanted[order]]), what, 0)
+            ascending = wanted[order]
+            picked = (
+                source.gather(ascending)
+                if isinstance(source, RecordFile)
+                else np.asarray(source[ascending])
+            )
+            rows = _to_u32(picked, what, 0)
             # Scatter straight into the slots' token area (a [m, B, T] view of the buffer).
             slots = buf[:m, :batch_words].reshape(m, batch_size, seq_len)
             slots[order // batch_size, order % batch_size] = rows
-            release_pages(source)  # a mapped source must not pile up in the resident set
+            if not isinstance(source, RecordFile):
+                release_pages(source)  # a mapped source must not pile up in the resident set
             f.write(buf[:m].data)
         f.seek(0)
         f.write(build_header(header))
@@ -197,7 +249,13 @@ def write_batch_file(
         seq_len = int_arg("seq_len", seq_len, 1, U32_MAX, WriteError)
     tokens = _check_array(tokens_array, seq_len, "tokens_array")
     _check_values(tokens, "tokens_array")
-    return _write_permuted(path, tokens, b, s, "tokens_array")
+    records = _as_record_file(tokens)
+    if records is None:
+        return _write_permuted(path, tokens, b, s, "tokens_array")
+    try:
+        return _write_permuted(path, records, b, s, "tokens_array")
+    finally:
+        os.close(records.fd)
 
 
 def _spill_records(
@@ -263,11 +321,5 @@ def write_batch_dataset(
     with tempfile.TemporaryFile(dir=directory, prefix=".zerobatch-spill-") as spill:
         n = _spill_records(spill, tokens_iter, expected, t)
         spill.flush()
-        if n == 0:
-            source = np.zeros((0, t), dtype="<u4")
-        else:
-            source = np.memmap(spill, dtype="<u4", mode="r", shape=(n, t))
-        try:
-            return _write_permuted(path, source, b, s, "tokens_iter")
-        finally:
-            del source
+        records = RecordFile(spill.fileno(), 0, (n, t), np.dtype("<u4"))
+        return _write_permuted(path, records, b, s, "tokens_iter")
