@@ -43,9 +43,7 @@ corpus size: the writer's output chunk and gather buffers (``CHUNK_BYTES`` each)
 block, the documents and token arrays of the tokenization batches in flight, and the
 tokenizer's own working memory. Mapped inputs and the writer's spill file are read so that
 they never accumulate in the resident set (``pages.py``, ``writer.RecordFile``);
-``benchmarks/ingest_memory.py`` measures it at 1x, 4x and 16x a corpus."""Documented bound on how much a conversion's peak RSS may grow above the interpreter's and
-the tokenizer's own footprint, whatever the corpus size: the writer's chunk buffers, one source
-block, and the tokenization batches in flight."""
+``benchmarks/ingest_memory.py`` measures it at 1x, 4x and 16x a corpus."""
 
 
 @dataclass
