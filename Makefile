@@ -15,7 +15,7 @@ EDITABLE := --config-settings editable_mode=strict
 TEST_ENV := XLA_FLAGS=--xla_force_host_platform_device_count=8 ZEROBATCH_REQUIRE_FRAMEWORKS=1 \
 	TF_CPP_MIN_LOG_LEVEL=2
 
-.PHONY: help install demo test lint typecheck vectors check-vectors conformance pytest clean
+.PHONY: help install demo bench test lint typecheck vectors check-vectors conformance pytest clean
 
 help:
 	@echo "make demo   - set up (core + PyTorch), write a dataset from the bundled corpus, train"
@@ -40,6 +40,10 @@ install: $(BASE)
 
 demo: install
 	$(PY) -m zerobatch_adapters.train_demo
+
+# Loader benchmarks against peers and the machine's limits (peers: bash benchmarks/peers_env.sh).
+bench: install $(FRAMEWORKS)
+	$(PY) benchmarks/loader_bench.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -509,13 +509,19 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m zerobatch_adapters.train_demo",
         description="Write the shipped public-domain corpus as an LLMBATCH file and train a "
-        "tiny byte-level transformer on it on CPU, through a ZeroBatch framework adapter.",
+        "tiny byte-level transformer on it through a ZeroBatch framework adapter (PyTorch "
+        "on CPU, or JAX on its default devices).",
     )
     p.add_argument("--framework", choices=("torch", "jax"), default="torch")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
-    p.add_argument("--steps", type=_positive_int, default=d.steps, help="training steps")
     p.add_argument(
-        "--seconds", type=float, default=d.seconds, help="time budget; stops early (default 90)"
+        "--steps", type=_positive_int, default=d.steps, help=f"training steps (default {d.steps})"
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=d.seconds,
+        help=f"time budget: stop early after this many seconds (default {d.seconds:g})",
     )
     p.add_argument("--batch-size", type=_positive_int, default=16)
     p.add_argument(

@@ -57,8 +57,9 @@ def test_torch_demo_learns(tmp_path: Path) -> None:
 def test_jax_demo_learns(tmp_path: Path) -> None:
     require("jax")
     out = tmp_path / "jax-out"
-    stdout = run_demo(out, "--framework", "jax", "--steps", "60", "--sample-tokens", "20")
-    check_run(stdout, out, 60)
+    # 40 steps still cross an epoch boundary (38 batches per epoch); XLA on CPU is slower.
+    stdout = run_demo(out, "--framework", "jax", "--steps", "40", "--sample-tokens", "20")
+    check_run(stdout, out, 40)
 
 
 def test_help_imports_no_framework() -> None:
