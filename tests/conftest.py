@@ -7,9 +7,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
 
 from tests.helpers import records
 from zerobatch_core import write_batch_file
+
+# CI replays the same examples on every run, so a red build is always reproducible; local runs
+# keep exploring new ones. Select with HYPOTHESIS_PROFILE=ci.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 @pytest.fixture

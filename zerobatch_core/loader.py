@@ -191,7 +191,7 @@ class BatchNativeLoader:
         epoch, n, stride = self._epoch, len(self), self._stride
         expected = self._step
         if expected >= n:  # nothing left for this worker in this epoch
-            self._epoch, self._step = epoch + 1, self._phase
+            self._epoch, self._step = _next_epoch(epoch), self._phase
             return
         for index in islice(self._indices(epoch, expected), 0, None, stride):
             if (self._epoch, self._step) != (epoch, expected):
@@ -199,7 +199,7 @@ class BatchNativeLoader:
             item = self._item(index)
             expected += stride
             if expected >= n:
-                self._epoch, self._step = epoch + 1, self._phase
+                self._epoch, self._step = _next_epoch(epoch), self._phase
             else:
                 self._step = expected
             yield item
@@ -260,9 +260,14 @@ class BatchNativeLoader:
         if (step - worker) % workers:
             raise StateError(f"state step {step} is not one of worker {worker}'s steps")
         if step >= len(self) > 0:
-            e, step = e + 1, worker  # a finished epoch is the start of the next
+            e, step = _next_epoch(e), worker  # a finished epoch is the start of the next
         self._epoch, self._step = _u64("epoch", e), step
         self._stride, self._phase = workers, worker
+
+
+def _next_epoch(epoch: int) -> int:
+    """The epoch after ``epoch``: epochs are u64 and wrap, so the cursor stays representable."""
+    return (epoch + 1) & MASK64
 
 
 def _is_int(value: object) -> TypeGuard[int]:

@@ -107,6 +107,17 @@ def test_state_after_last_batch_is_start_of_next_epoch(make_file: Callable[..., 
     assert (loader.epoch, loader.step) == (1, 0)
 
 
+def test_epoch_after_the_last_u64_epoch_wraps_to_zero(make_file: Callable[..., Path]) -> None:
+    last = 2**64 - 1
+    loader = BatchNativeLoader(make_file(n=8, batch_size=4), epoch=last)
+    list(loader)
+    assert (loader.epoch, loader.step) == (0, 0)
+    s = loader.state_dict()
+    s["epoch"], s["step"] = last, 2  # a finished last epoch, spelled as the spec allows
+    loader.load_state_dict(s)
+    assert (loader.epoch, loader.step) == (0, 0)
+
+
 def test_mismatched_states_are_rejected(make_file: Callable[..., Path]) -> None:
     loader = BatchNativeLoader(make_file(), block_size=4)
     good = loader.state_dict()
