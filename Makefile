@@ -41,9 +41,12 @@ install: $(BASE)
 demo: install
 	$(PY) -m zerobatch_adapters.train_demo
 
-# Loader benchmarks against peers and the machine's limits (peers: bash benchmarks/peers_env.sh).
+# Benchmarks against peers and the machine's limits (peers: bash benchmarks/peers_env.sh);
+# results on this class of machine: benchmarks/RESULTS.md.
 bench: install $(FRAMEWORKS)
 	$(PY) benchmarks/loader_bench.py
+	$(PY) benchmarks/writer_bench.py
+	$(PY) benchmarks/shuffle_quality.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-
 from tests.helpers import records
 from zerobatch_core import write_batch_file
 

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from zerobatch_spec.shuffle import MASK64
 
 from .arguments import int_arg
+from .buffers import BufferPool, convert_into
 from .distributed import rank_rows
 from .documents import document_layout
 from .errors import StateError
@@ -41,7 +42,8 @@ class BatchNativeLoader:
     """Iterate an LLMBATCH file's batches in block-shuffled order, one epoch per pass.
 
     ``dtype`` picks the output: ``"uint32"`` (zero-copy view, the default), ``"int32"``
-    (zero-copy view, exact for ids below 2**31) or ``"int64"`` (a new array per batch).
+    (zero-copy view, exact for ids below 2**31) or ``"int64"`` (a copy per batch,
+    in an array reused only once nothing refers to the previous batch made in it).
     ``seed`` defaults to the seed stored in the file. ``shuffle=False`` serves file order.
     With ``next_token=True`` each item is ``(inputs, labels)``: the batch without its last
     token (in ``dtype``) and without its first token (always int64, as cross-entropy wants).
@@ -98,6 +100,11 @@ class BatchNativeLoader:
         self._epoch = _u64("epoch", epoch)
         self._stride, self._phase = 1, 0
         self._step = 0
+        # int64 outputs are written into reused arrays, never into one a caller still holds.
+        rows, seq_len = self.batch_shape
+        inputs_len = seq_len - 1 if self.next_token else seq_len
+        self._inputs_pool = BufferPool((rows, inputs_len), np.int64) if dtype == "int64" else None
+        self._labels_pool = BufferPool((rows, seq_len - 1), np.int64) if self.next_token else None
 
     # -- order -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -166,17 +173,28 @@ class BatchNativeLoader:
         if self.bos_id is not None:
             return self._documents_item(batch, self.bos_id)
         if not self.next_token:
-            return _convert(batch, self.dtype)
-        return _convert(batch[:, :-1], self.dtype), batch[:, 1:].astype(np.int64)
+            return self._convert(batch)
+        return self._convert(batch[:, :-1]), convert_into(self._labels_pool, batch[:, 1:], np.int64)
+
+    def _convert(self, batch: U32Batch) -> npt.NDArray[Any]:
+        """uint32 rows in the output dtype: views for uint32/int32, a pooled copy for int64."""
+        if self.dtype == "uint32":
+            return batch
+        if self.dtype == "int32":
+            return batch.view(np.int32)
+        return convert_into(self._inputs_pool, batch, np.int64)
 
     def _documents_item(self, batch: U32Batch, bos_id: int) -> dict[str, npt.NDArray[Any]]:
         """The batch (or its next-token pair) with its document layout (``documents.py``)."""
         inputs = batch[:, :-1] if self.next_token else batch
         layout = document_layout(inputs, bos_id)
         item: dict[str, npt.NDArray[Any]] = (
-            {"inputs": _convert(inputs, self.dtype), "labels": batch[:, 1:].astype(np.int64)}
+            {
+                "inputs": self._convert(inputs),
+                "labels": convert_into(self._labels_pool, batch[:, 1:], np.int64),
+            }
             if self.next_token
-            else {"tokens": _convert(batch, self.dtype)}
+            else {"tokens": self._convert(batch)}
         )
         item["segment_ids"] = layout.segment_ids
         item["positions"] = layout.positions
@@ -272,15 +290,6 @@ def _next_epoch(epoch: int) -> int:
 
 def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _convert(batch: U32Batch, dtype: OutputDType) -> npt.NDArray[Any]:
-    """uint32 rows as the requested dtype: views for uint32/int32, a copy for int64."""
-    if dtype == "uint32":
-        return batch
-    if dtype == "int32":
-        return batch.view(np.int32)
-    return batch.astype(np.int64)
 
 
 def iter_with_state(loader: BatchNativeLoader) -> Iterator[tuple[Item, dict[str, Any]]]:

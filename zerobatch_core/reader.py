@@ -7,6 +7,7 @@ import mmap
 import operator
 import os
 import stat
+import weakref
 from types import TracebackType
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy.typing as npt
 from zerobatch_spec import HEADER_SIZE, ErrorCode, Header, Violation, check_header
 
 from .errors import FormatError, ZeroBatchError
+from .readahead import Readahead
 
 TOKEN_DTYPE = np.dtype("<u4")
 """On-disk token dtype: little-endian uint32."""
@@ -50,11 +52,13 @@ class BatchFileReader:
             self.header: Header = checked
             # The mapping is re-checked against the header: the file may have changed since fstat.
             self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
         if len(self._mmap) != self.header.file_size:
             size = len(self._mmap)
             self._mmap.close()
+            os.close(fd)
             raise FormatError(
                 self.path,
                 Violation(
@@ -73,6 +77,10 @@ class BatchFileReader:
             h.num_batches, h.batch_size, h.seq_len
         )
         self._tokens_i32: I32Array = self._tokens.view(np.dtype("<i4"))
+        # The descriptor stays open for read-ahead hints, so they always reach this inode; it
+        # is closed by ``close`` or, for a reader that is just dropped, by the finalizer.
+        self._readahead = Readahead(fd, np.frombuffer(self._mmap, dtype=np.uint8))
+        self._release = weakref.finalize(self, _release_descriptor, self._readahead, fd)
         self._closed = False
 
     # -- header fields -------------------------------------------------------------------
@@ -184,14 +192,16 @@ class BatchFileReader:
         return self._slots[start:stop, self.header.batch_size * self.header.seq_len :]
 
     def prefetch(self, start: int, stop: int) -> None:
-        """Ask the kernel to read batches ``start..stop`` ahead (``madvise(WILLNEED)``)."""
-        if self._closed or stop <= start or not hasattr(mmap, "MADV_WILLNEED"):
+        """Have batches ``start..stop`` read and mapped in the background (``readahead.py``).
+
+        Returns at once; a background thread reads while the caller works on earlier batches.
+        """
+        if self._closed or stop <= start:
             return
         pb = self.header.padded_batch_bytes
-        offset = HEADER_SIZE + start * pb
+        start = max(start, 0)
         length = (min(stop, self.header.num_batches) - start) * pb
-        if length > 0:
-            self._mmap.madvise(mmap.MADV_WILLNEED, offset, length)
+        self._readahead.request(HEADER_SIZE + start * pb, length)
 
     # -- lifetime ------------------------------------------------------------------------
     @property
@@ -204,6 +214,7 @@ class BatchFileReader:
         if self._closed:
             return
         self._closed = True
+        self._release()
         del self._tokens, self._tokens_i32, self._slots
         # If the caller still holds views, the mapping is unmapped when the last one goes.
         with contextlib.suppress(BufferError):
@@ -230,3 +241,9 @@ class BatchFileReader:
             f"BatchFileReader({self.path!r}, num_batches={h.num_batches}, "
             f"batch_size={h.batch_size}, seq_len={h.seq_len})"
         )
+
+
+def _release_descriptor(readahead: Readahead, fd: int) -> None:
+    """Stop read-ahead, then close its descriptor (kept open if a hint is still running)."""
+    if readahead.close():
+        os.close(fd)
