@@ -46,7 +46,7 @@ SEED = 1234
 SYSTEMS: dict[str, tuple[str, str, str]] = {
     "zb_uint32": ("main", "numpy uint32 view", "zb"),
     "zb_int32": ("main", "numpy int32 view", "zb"),
-    "zb_int64": ("main", "numpy int64 (astype per batch)", "zb"),
+    "zb_int64": ("main", "numpy int64 (pooled buffers)", "zb"),
     "zb_int64_out": ("main", "numpy int64 read_batch_int64(out=) reused buffer", "zb"),
     "zb_torch_int32": ("main", "torch int32 zero-copy, TorchBatchDataset", "zb"),
     "zb_torch_int64": ("main", "torch int64, TorchBatchDataset", "zb"),
