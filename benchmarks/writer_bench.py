@@ -12,10 +12,10 @@ child's ``ru_maxrss`` (``os.wait4``) next to a baseline child that only imports 
     python benchmarks/writer_bench.py                  # 64, 256, 1024 MiB
     python benchmarks/writer_bench.py --sizes-mib 32 128 --json writer.json
 
-The writer moves every byte three times: the stream is spilled to a temporary file (it may be
-longer than RAM and its length unknown), read back in the spec's permutation order, and
-written to the output. Disk-bound, it can therefore reach at most about half the plain
-sequential rate; what it adds beyond that is CPU work.
+With ``total_records`` known (as here) the writer places each record in one pass: records
+are sorted by the output window they belong to and appended, packed, to that window's byte
+range; each window is then permuted in memory and written in place, and its writeback starts
+at once (``sync_file_range``). The page cache sees every byte twice, the disk once.
 """
 
 from __future__ import annotations

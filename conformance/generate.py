@@ -35,7 +35,7 @@ from zerobatch_spec import (
     permute_array,
 )
 from zerobatch_spec.layout import RESERVED_SIZE, U32_MAX, U64_MAX
-from zerobatch_spec.shuffle import _mix64_array
+from zerobatch_spec.shuffle import mix64_array
 
 BLOCK_ORDER_CASES = ((1, 0), (1, 1), (3, 0), (3, 7), (4, 2), (256, 0))
 """(block_size, epoch) pairs whose orders valid-file vectors pin (with the file's seed)."""
@@ -58,7 +58,7 @@ def pseudo_tokens(count: int, salt: int) -> npt.NDArray[np.uint32]:
     """Deterministic tokens spread over the whole uint32 range (low half of SplitMix64)."""
     idx = np.arange(count, dtype=np.uint64) + np.uint64((salt << 32) & U64_MAX)
     with np.errstate(over="ignore"):
-        return (_mix64_array(idx) & np.uint64(U32_MAX)).astype(np.uint32)
+        return (mix64_array(idx) & np.uint64(U32_MAX)).astype(np.uint32)
 
 
 def assemble(header: Header, records: npt.NDArray[np.uint32]) -> bytes:

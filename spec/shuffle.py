@@ -103,24 +103,42 @@ def unpermute(p: int, n: int, key: int, domain: int) -> int:
     return _walk(p, n, key, domain, inverse=True)
 
 
-def _mix64_array(z: IndexArray) -> IndexArray:
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX_MUL_1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX_MUL_2)
-    return z ^ (z >> np.uint64(31))
+def _mix64_inplace(z: IndexArray, scratch: IndexArray) -> None:
+    """``z = mix64(z)`` elementwise, in place (``scratch``: same shape, overwritten)."""
+    np.right_shift(z, np.uint64(30), out=scratch)
+    z ^= scratch
+    z *= np.uint64(MIX_MUL_1)
+    np.right_shift(z, np.uint64(27), out=scratch)
+    z ^= scratch
+    z *= np.uint64(MIX_MUL_2)
+    np.right_shift(z, np.uint64(31), out=scratch)
+    z ^= scratch
+
+
+def mix64_array(z: npt.ArrayLike) -> IndexArray:
+    """``mix64`` applied elementwise (uint64 result, wrapping arithmetic)."""
+    out = np.array(z, dtype=np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        _mix64_inplace(out, np.empty_like(out))
+    return out
 
 
 def _feistel_array(x: IndexArray, h: int, keys: list[int], inverse: bool) -> IndexArray:
     mask = np.uint64((1 << h) - 1)
     shift = np.uint64(h)
     left, right = x >> shift, x & mask
+    f, scratch = np.empty_like(x), np.empty_like(x)
     for k in reversed(keys) if inverse else keys:
         kk = np.uint64(k)
-        if inverse:
-            left, right = right ^ (_mix64_array(left ^ kk) & mask), left
-        else:
-            left, right = right, left ^ (_mix64_array(right ^ kk) & mask)
-    result: IndexArray = (left << shift) | right
-    return result
+        src, dst = (left, right) if inverse else (right, left)
+        np.bitwise_xor(src, kk, out=f)
+        _mix64_inplace(f, scratch)
+        f &= mask
+        dst ^= f  # the round: one half absorbs the keyed mix of the other
+        left, right = right, left
+    left <<= shift
+    left |= right
+    return left
 
 
 def _walk_array(indices: npt.ArrayLike, n: int, key: int, domain: int, inverse: bool) -> IndexArray:

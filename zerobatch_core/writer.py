@@ -2,8 +2,11 @@
 
 Output record position ``p`` holds input record ``permute(p, total_records, seed)``
 (``SPEC.md``, "Record permutation"); the last ``total_records % batch_size`` positions are the
-dropped remainder. The output is produced in file order, a few MiB at a time, by gathering the
-records each chunk needs, so memory is bounded by the chunk size and never by the dataset.
+dropped remainder. ``write_batch_file`` (an array, random access) produces the output in file
+order, a few MiB at a time, by gathering the records each chunk needs; ``write_batch_dataset``
+(a stream) sends each record towards its output window as it arrives and permutes each window
+in memory at the end (``_WindowedOutput``). Either way memory is bounded by a few chunks and
+windows, never by the dataset.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from typing import BinaryIO
 
@@ -23,12 +28,13 @@ from zerobatch_spec import (
     Header,
     build_header,
     permute_array,
+    unpermute_array,
 )
 from zerobatch_spec.layout import U32_MAX
 
 from .arguments import int_arg
 from .errors import WriteError
-from .pages import release_pages
+from .pages import release_pages, start_writeback
 
 CHUNK_BYTES = 8 * 2**20
 """Target size of one output write; large writes also leave the page cache fast to map."""
@@ -258,12 +264,13 @@ def write_batch_file(
         os.close(records.fd)
 
 
-def _spill_records(
-    f: BinaryIO, tokens_iter: Iterable[npt.ArrayLike], total_records: int | None, seq_len: int
-) -> int:
-    """Stream records (1-D rows or 2-D blocks of rows) to ``f`` as raw uint32; return the count.
+def _record_blocks(
+    tokens_iter: Iterable[npt.ArrayLike], total_records: int | None, seq_len: int
+) -> Iterator[npt.NDArray[np.uint32]]:
+    """Checked ``[k, seq_len]`` uint32 blocks of the stream (1-D items become one-row blocks).
 
-    ``total_records=None`` accepts any count up to the u32 limit of the header field.
+    ``total_records=None`` accepts any count up to the u32 limit of the header field; otherwise
+    the stream must yield exactly ``total_records`` records (checked when it ends).
     """
     limit = U32_MAX if total_records is None else total_records
     count = 0
@@ -283,11 +290,247 @@ def _spill_records(
                 if total_records is not None
                 else f"tokens_iter yields more than {U32_MAX} records, the u32 header limit"
             )
-        f.write(np.ascontiguousarray(_to_u32(arr, "tokens_iter", count)).data)
+        yield np.ascontiguousarray(_to_u32(arr, "tokens_iter", count))
         count += arr.shape[0]
     if total_records is not None and count != total_records:
         raise WriteError(f"tokens_iter yielded {count} records, but total_records={total_records}")
-    return count
+
+
+WINDOW_BYTES = 16 * 2**20
+"""Output bytes the streaming writer assembles in memory at once (one window of slots)."""
+
+STAGE_BYTES = 16 * 2**20
+"""Input bytes the streaming writer sorts by destination window before writing them out."""
+
+
+def _scatter_mapped(
+    fd: int, offset: int, slots: npt.NDArray[np.uint32], order: npt.NDArray[np.intp]
+) -> None:
+    """``slots[order[i] // B, order[i] % B] = row i`` of the packed rows at ``offset`` in ``fd``.
+
+    The rows are read through a temporary read-only mapping: one copy fewer than reading them
+    into a buffer first, and the mapping leaves the resident set when it closes.
+    """
+    m, b, t = slots.shape
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    mm = mmap.mmap(fd, m * b * t * 4, flags=flags, prot=mmap.PROT_READ, offset=offset)
+    try:
+        packed = np.frombuffer(mm, dtype="<u4").reshape(m * b, t)
+        slots[order // b, order % b] = packed
+        del packed
+    finally:
+        mm.close()
+
+
+POSITIONS_AHEAD = 1 << 16
+"""Input records whose output positions are computed at once (few large NumPy calls)."""
+
+
+class _WindowedOutput:
+    """Places a stream of records at their permuted positions with large writes only.
+
+    A random permutation sends consecutive input records all over the output, so writing each
+    record where it belongs costs one small positioned write per record (several microseconds
+    each in the page cache). Instead the output is cut into windows of ``WINDOW_BYTES``: as
+    the stream arrives, records are sorted by the window they belong to and appended, packed,
+    at the start of that window's own byte range in the output file (one write per window per
+    input block); at the end each window is read back, its records are put in their slots in
+    memory, and the window is written in place in one piece. Every byte reaches the disk once,
+    the header last. File reads and writes run on one I/O thread, in submission order, while
+    this thread computes the next block's or window's placement; at most two pieces of work
+    are in flight, so memory is a few stages and windows whatever the dataset size.
+    """
+
+    def __init__(self, fd: int, header: Header) -> None:
+        self.fd, self.header = fd, header
+        b, t = header.batch_size, header.seq_len
+        self.row_bytes = t * 4
+        self.kept = header.num_batches * b
+        self.window_batches = max(1, WINDOW_BYTES // header.padded_batch_bytes)
+        self.window_records = self.window_batches * b
+        n_windows = -(-header.num_batches // self.window_batches)
+        window_bytes = self.window_batches * header.padded_batch_bytes
+        self.starts = HEADER_SIZE + np.arange(n_windows, dtype=np.int64) * window_bytes
+        self.cursors = self.starts.copy()
+        stage_rows = max(1, min(STAGE_BYTES // self.row_bytes, max(self.kept, 1)))
+        self.stage = np.empty((stage_rows, t), dtype="<u4")
+        self.staged = 0
+        self.placed = 0  # input records placed so far (the stream index of stage row 0)
+        self.pos, self.pos_first = np.empty(0, dtype=np.int64), 0
+        self.src, self.src_first = np.empty(0, dtype=np.uint64), 0
+        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerobatch-writer")
+        self.pending: deque[Future[None]] = deque()
+
+    def close(self) -> None:
+        """Wait for the I/O thread (also after an error: the file must not close under it)."""
+        for job in self.pending:
+            job.cancel()
+        self.io.shutdown(wait=True)
+        self.pending.clear()
+
+    def _submit(self, fn: Callable[..., None], *args: object) -> Future[None]:
+        while len(self.pending) >= 2:
+            self.pending.popleft().result()  # bounds memory in flight; re-raises I/O errors
+        job = self.io.submit(fn, *args)
+        self.pending.append(job)
+        return job
+
+    def add(self, rows: npt.NDArray[np.uint32]) -> None:
+        """Take the next input records, in stream order."""
+        if rows.shape[0] >= self.stage.shape[0] // 4:  # large enough to place without staging
+            self._flush()
+            self._place(rows)
+            return
+        done = 0
+        while done < rows.shape[0]:
+            take = min(rows.shape[0] - done, self.stage.shape[0] - self.staged)
+            self.stage[self.staged : self.staged + take] = rows[done : done + take]
+            self.staged += take
+            done += take
+            if self.staged == self.stage.shape[0]:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self.staged:
+            self._place(self.stage[: self.staged])
+        self.staged = 0
+
+    def _place(self, rows: npt.NDArray[np.uint32]) -> None:
+        """Append the next ``len(rows)`` input records to their windows' packed areas."""
+        k = rows.shape[0]
+        pos = self._positions(self.placed, k)
+        window = pos // self.window_records
+        window[pos >= self.kept] = -1  # the dropped remainder is never written
+        order = np.argsort(window, kind="stable")  # stable: input order within each window
+        order = order[window[order] >= 0]
+        self.placed += k
+        if order.size == 0:
+            return
+        w_sorted = window[order]
+        cuts = np.flatnonzero(np.diff(w_sorted)) + 1
+        firsts = np.concatenate([[0], cuts])
+        counts = np.diff(np.concatenate([firsts, [order.size]]))
+        ws = w_sorted[firsts]
+        offsets = self.cursors[ws].copy()
+        self.cursors[ws] += counts * self.row_bytes
+        packed = rows[order]  # a copy: the caller may reuse ``rows`` once this returns
+        self._submit(self._write_pieces, packed, firsts.tolist(), offsets.tolist())
+
+    def _positions(self, first: int, k: int) -> npt.NDArray[np.int64]:
+        """Output positions of input records ``first .. first + k`` (computed ahead in bulk)."""
+        end = first + k
+        if not (self.pos_first <= first and end <= self.pos_first + self.pos.size):
+            h = self.header
+            n = min(max(k, POSITIONS_AHEAD), h.total_records - first)
+            ids = np.arange(first, first + n, dtype=np.uint64)
+            pos = unpermute_array(ids, h.total_records, h.seed, DOMAIN_RECORDS)
+            self.pos, self.pos_first = pos.astype(np.int64), first
+        return self.pos[first - self.pos_first : end - self.pos_first]
+
+    def _sources(self, first: int, k: int) -> npt.NDArray[np.uint64]:
+        """Input records at output positions ``first .. first + k`` (computed ahead in bulk)."""
+        end = first + k
+        if not (self.src_first <= first and end <= self.src_first + self.src.size):
+            h = self.header
+            n = min(max(k, POSITIONS_AHEAD), self.kept - first)
+            positions = np.arange(first, first + n, dtype=np.uint64)
+            self.src = permute_array(positions, h.total_records, h.seed, DOMAIN_RECORDS)
+            self.src_first = first
+        return self.src[first - self.src_first : end - self.src_first]
+
+    def _write_pieces(
+        self, packed: npt.NDArray[np.uint32], firsts: list[int], offsets: list[int]
+    ) -> None:
+        ends = [*firsts[1:], packed.shape[0]]
+        for a, e, off in zip(firsts, ends, offsets, strict=True):
+            self._write(packed[a:e], off)
+
+    def _write(self, data: npt.NDArray[np.uint32], offset: int) -> None:
+        view = memoryview(data.reshape(-1).view(np.uint8).data)
+        while len(view):
+            n = os.pwrite(self.fd, view, offset)
+            if n <= 0:
+                raise WriteError(f"write of {len(view)} bytes at offset {offset} returned {n}")
+            view, offset = view[n:], offset + n
+
+    def _write_window(self, data: npt.NDArray[np.uint32], offset: int) -> None:
+        self._write(data, offset)
+        start_writeback(self.fd, offset, data.nbytes)  # final bytes: let the disk start on them
+
+    def finish(self) -> None:
+        """Put every window's records in their slots and write the windows in place."""
+        self._flush()
+        while self.pending:  # every packed record must be in the file before it is read back
+            self.pending.popleft().result()
+        h = self.header
+        b, t = h.batch_size, h.seq_len
+        self.stage = np.empty((0, t), dtype="<u4")  # its memory is not needed any more
+        for w in range(len(self.starts)):
+            if int(self.cursors[w] - self.starts[w]) != self._window_count(w) * self.row_bytes:
+                raise WriteError(f"internal: window {w} received the wrong number of records")
+        slot_words = h.padded_batch_bytes // 4
+        bufs = [np.zeros((self.window_batches, slot_words), dtype="<u4") for _ in range(2)]
+        for w, start in enumerate(self.starts.tolist()):
+            b0 = w * self.window_batches
+            m = min(self.window_batches, h.num_batches - b0)
+            sources = self._sources(b0 * b, m * b)
+            order = np.argsort(sources, kind="stable")  # packed rows are in source order
+            buf = bufs[w % 2]
+            while len(self.pending) > 1:  # the write that last used ``buf`` must be done
+                self.pending.popleft().result()
+            slots = buf[:m, : b * t].reshape(m, b, t)
+            _scatter_mapped(self.fd, start, slots, order)
+            self._submit(self._write_window, buf[:m], start)
+        while self.pending:
+            self.pending.popleft().result()
+
+    def _window_count(self, w: int) -> int:
+        b0 = w * self.window_batches
+        return min(self.window_batches, self.header.num_batches - b0) * self.header.batch_size
+
+
+def _write_stream(
+    path: str,
+    blocks: Iterable[npt.NDArray[np.uint32]],
+    total: int,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+) -> int:
+    """Write a stream of ``total`` records (known up front) as an LLMBATCH file at ``path``."""
+    header = Header(
+        batch_size=batch_size,
+        seq_len=seq_len,
+        num_batches=total // batch_size,
+        seed=seed,
+        total_records=total,
+    )
+    with _atomic_output(path) as f:
+        fd = f.fileno()
+        os.ftruncate(fd, HEADER_SIZE + header.num_batches * header.padded_batch_bytes)
+        out = _WindowedOutput(fd, header)
+        try:
+            for rows in blocks:
+                out.add(rows)
+            out.finish()
+        finally:
+            out.close()
+        os.pwrite(fd, build_header(header), 0)  # last: no magic until the data is complete
+    return header.num_batches
+
+
+def _spilled_blocks(spill: BinaryIO, n: int, seq_len: int) -> Iterator[npt.NDArray[np.uint32]]:
+    """The spilled records read back in order, ``CHUNK_BYTES`` at a time."""
+    per_read = max(1, CHUNK_BYTES // (seq_len * 4))
+    buf = np.empty((per_read, seq_len), dtype="<u4")
+    fd = spill.fileno()
+    for r0 in range(0, n, per_read):
+        k = min(per_read, n - r0)
+        want = k * seq_len * 4
+        got = os.preadv(fd, [buf[:k].data], r0 * seq_len * 4)
+        if got != want:
+            raise WriteError(f"spill file ended early: read {got} of {want} bytes")
+        yield buf[:k]
 
 
 def write_batch_dataset(
@@ -301,12 +544,13 @@ def write_batch_dataset(
     """Write a stream of records as an LLMBATCH file with bounded memory; return num_batches.
 
     ``tokens_iter`` yields records of ``seq_len`` tokens (1-D arrays) or blocks of records
-    (2-D ``[k, seq_len]``), ``total_records`` in all (``None``: as many as it yields; the
-    count is then known only at the end, which the permutation needs). The stream is spilled
-    to a temporary file beside the output and then written exactly as ``write_batch_file``
-    would write the same records, so both give byte-identical files. Peak memory is a few
-    chunks of ``CHUNK_BYTES``, whatever the dataset size; the temporary file needs
-    ``total_records * seq_len * 4`` bytes.
+    (2-D ``[k, seq_len]``), ``total_records`` in all. Each record is written once, straight to
+    the place the permutation gives it in the (pre-sized, temporary) output, so the result is
+    byte-identical to ``write_batch_file`` on the same records. ``total_records=None`` accepts
+    a stream of unknown length: the permutation needs the count, so the stream is then first
+    spilled to a temporary file beside the output (``total_records * seq_len * 4`` bytes) and
+    read back in order. Peak memory is a block of the stream plus a few ``CHUNK_BYTES``,
+    whatever the dataset size.
     """
     path = _check_destination(output_path)
     b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
@@ -317,9 +561,13 @@ def write_batch_dataset(
         if total_records is None
         else int_arg("total_records", total_records, 0, U32_MAX, WriteError)
     )
+    if expected is not None:
+        return _write_stream(path, _record_blocks(tokens_iter, expected, t), expected, b, t, s)
     directory = os.path.dirname(os.path.abspath(path))
     with tempfile.TemporaryFile(dir=directory, prefix=".zerobatch-spill-") as spill:
-        n = _spill_records(spill, tokens_iter, expected, t)
+        n = 0
+        for rows in _record_blocks(tokens_iter, None, t):
+            spill.write(rows.data)
+            n += rows.shape[0]
         spill.flush()
-        records = RecordFile(spill.fileno(), 0, (n, t), np.dtype("<u4"))
-        return _write_permuted(path, records, b, s, "tokens_iter")
+        return _write_stream(path, _spilled_blocks(spill, n, t), n, b, t, s)

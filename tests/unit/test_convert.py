@@ -112,7 +112,8 @@ import os, signal, sys
 import numpy as np
 from zerobatch_core import writer
 from zerobatch_core.ingest.convert import convert
-writer.CHUNK_BYTES = 4096
+writer.CHUNK_BYTES = writer.WINDOW_BYTES = writer.STAGE_BYTES = 4096
+writer.POSITIONS_AHEAD = 4
 calls = [0]
 real = writer.permute_array
 def dying(*args, **kwargs):

@@ -47,6 +47,24 @@ def test_streaming_writer_gives_the_same_bytes(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["a.batch", "b.batch", "c.batch"]  # no spill left
 
 
+@pytest.mark.parametrize("total", [0, 3, 64, 301, 1000])
+@pytest.mark.parametrize("known", [True, False])
+def test_streaming_windows_and_stages_give_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, total: int, known: bool
+) -> None:
+    """Tiny windows and stages: many windows, many stage flushes, blocks split across stages."""
+    src = records(total, 24)
+    write_batch_file(tmp_path / "a.batch", src, batch_size=3, seed=4)
+    monkeypatch.setattr(writer_module, "WINDOW_BYTES", 4096 * 3)  # 3 batch slots per window
+    monkeypatch.setattr(writer_module, "STAGE_BYTES", 24 * 4 * 7)  # 7 records per stage
+    monkeypatch.setattr(writer_module, "POSITIONS_AHEAD", 5)
+    blocks = (src[i : i + 11] for i in range(0, total, 11))
+    write_batch_dataset(
+        tmp_path / "b.batch", blocks, total if known else None, batch_size=3, seq_len=24, seed=4
+    )
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
+
+
 def test_wider_integer_inputs_in_range_are_accepted(tmp_path: Path) -> None:
     src = records(20, 4)
     write_batch_file(tmp_path / "u.batch", src, 4, seed=1)
@@ -164,11 +182,29 @@ def test_header_is_written_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert seen[0] == b"LLMBATCH"  # header in place only by the time of the final fsync
 
 
+def test_streaming_header_is_written_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    headers: list[bytes] = []
+    real_pwrite = writer_module.os.pwrite
+
+    def spy(fd: int, data: object, offset: int) -> int:
+        headers.append(os.pread(fd, 8, 0))
+        return real_pwrite(fd, data, offset)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer_module.os, "pwrite", spy)
+    monkeypatch.setattr(writer_module, "WINDOW_BYTES", 4096)
+    src = records(40, 4)
+    write_batch_dataset(tmp_path / "x.batch", iter(src), 40, batch_size=2, seq_len=4)
+    assert len(headers) > 20 and set(headers) == {bytes(8)}  # no magic before the last write
+    assert (tmp_path / "x.batch").read_bytes()[:8] == b"LLMBATCH"
+
+
 def test_streaming_peak_memory_does_not_grow_with_the_dataset(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     chunk = 256 * 1024
-    monkeypatch.setattr(writer_module, "CHUNK_BYTES", chunk)
+    for name in ("CHUNK_BYTES", "WINDOW_BYTES", "STAGE_BYTES"):
+        monkeypatch.setattr(writer_module, name, chunk)
+    monkeypatch.setattr(writer_module, "POSITIONS_AHEAD", 1024)
 
     def peak(n_records: int) -> int:
         rows = (np.full((64, 256), i, dtype=np.uint32) for i in range(n_records // 64))
