@@ -176,6 +176,13 @@ class BatchNativeLoader:
             return self._convert(batch)
         return self._convert(batch[:, :-1]), convert_into(self._labels_pool, batch[:, 1:], np.int64)
 
+    def _all_views(self) -> npt.NDArray[Any] | None:
+        """Every batch as one ``[num_batches, rows, seq_len]`` view, when items are plain views."""
+        if self.bos_id is not None or self.next_token or self.dtype == "int64":
+            return None
+        every = self.reader.read_batches(0, self.reader.num_batches)[:, self.rows]
+        return every.view(np.int32) if self.dtype == "int32" else every
+
     def _convert(self, batch: U32Batch) -> npt.NDArray[Any]:
         """uint32 rows in the output dtype: views for uint32/int32, a pooled copy for int64."""
         if self.dtype == "uint32":
@@ -211,10 +218,12 @@ class BatchNativeLoader:
         if expected >= n:  # nothing left for this worker in this epoch
             self._epoch, self._step = _next_epoch(epoch), self._phase
             return
+        # Plain view outputs skip the per-item dispatch: one index into an [n, rows, T] view.
+        views = self._all_views()
         for index in islice(self._indices(epoch, expected), 0, None, stride):
-            if (self._epoch, self._step) != (epoch, expected):
+            if self._step != expected or self._epoch != epoch:
                 return
-            item = self._item(index)
+            item = views[index] if views is not None else self._item(index)
             expected += stride
             if expected >= n:
                 self._epoch, self._step = _next_epoch(epoch), self._phase

@@ -8,6 +8,12 @@ older kernels it falls back to ``posix_fadvise(WILLNEED)``, which starts the dis
 The hints run off-thread because they block while the kernel works; issued from the training
 loop's thread they would serialise disk and compute instead of overlapping them. Both calls
 release the GIL (``ctypes`` and ``os`` drop it around the system call).
+
+Waking the thread is not free: populating a block that is already mapped still walks its
+page tables and takes the GIL from the training loop for a moment, which shows in the latency
+of the batches made meanwhile. A file that fits comfortably in RAM stays cached once read, so
+for such a file each range is requested once per mapping; from the second epoch on the thread
+sleeps. A larger file is requested every time, since its pages are evicted between epochs.
 """
 
 from __future__ import annotations
@@ -43,6 +49,14 @@ def _libc_madvise() -> Any:
 _MADVISE = _libc_madvise()
 
 
+def _ram_bytes() -> int:
+    """Physical memory, or 0 where it cannot be read (then every request goes through)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
 class Readahead:
     """Reads byte ranges of one mapped file ahead, in request order, on a thread of its own.
 
@@ -54,6 +68,8 @@ class Readahead:
 
     def __init__(self, fd: int, mapping: npt.NDArray[np.uint8]) -> None:
         self._fd = fd
+        self._remember = mapping.size <= _ram_bytes() // 2
+        self._requested: set[tuple[int, int]] = set()
         self._mapping: npt.NDArray[np.uint8] | None = mapping
         self._populate = _MADVISE is not None
         self._pid = -1
@@ -73,6 +89,7 @@ class Readahead:
             return
         if self._pid != os.getpid():  # first request here, or a fork inherited a dead thread
             self._pid = os.getpid()
+            self._requested = set()  # a forked process maps the pages anew
             self._queue = queue.SimpleQueue()
             self._thread = threading.Thread(
                 target=self._run,
@@ -81,6 +98,10 @@ class Readahead:
                 daemon=True,
             )
             self._thread.start()
+        if self._remember:
+            if (offset, length) in self._requested:
+                return  # populated in this mapping already, and the file stays cached
+            self._requested.add((offset, length))
         self._queue.put((offset, length))
 
     def _run(

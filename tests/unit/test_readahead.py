@@ -53,3 +53,31 @@ def test_readers_release_their_descriptor_on_close_and_on_drop(
     del dropped
     gc.collect()
     assert open_fds() == before
+
+
+class _Recording(Readahead):
+    """Records what reaches the thread instead of starting it."""
+
+    def __init__(self, fd: int, mapping: np.ndarray) -> None:
+        super().__init__(fd, mapping)
+        self.sent: list[tuple[int, int]] = []
+        self._pid = os.getpid()
+        self._queue = self  # type: ignore[assignment]
+
+    def put(self, item: tuple[int, int]) -> None:
+        self.sent.append(item)
+
+
+def test_a_file_that_fits_in_ram_is_populated_once_per_range(tmp_path: Path) -> None:
+    path = tmp_path / "data"
+    path.write_bytes(b"\0" * (1 << 16))
+    ahead = _Recording(-1, np.fromfile(path, dtype=np.uint8))
+    assert ahead._remember  # 64 KiB fits in half of any machine's RAM
+    for _ in range(3):  # three epochs over the same two blocks
+        ahead.request(0, 4096)
+        ahead.request(4096, 8192)
+    assert ahead.sent == [(0, 4096), (4096, 8192)]
+    ahead._remember = False  # a file larger than half the RAM: evicted between epochs
+    ahead.request(0, 4096)
+    ahead.request(0, 4096)
+    assert ahead.sent[-2:] == [(0, 4096), (0, 4096)]
