@@ -73,3 +73,31 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     """
     if _sync_file_range is not None and length > 0:
         _sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE)
+
+
+FALLOC_FL_KEEP_SIZE = 1
+FALLOC_FL_PUNCH_HOLE = 2
+
+
+def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_fallocate = _load_fallocate() if os.name == "posix" else None
+
+
+def discard(fd: int, offset: int, length: int) -> None:
+    """Free ``[offset, offset + length)`` of a scratch file ``fd``: its pages and blocks go now.
+
+    For temporary files whose bytes have been used: the page cache drops them without writing
+    them back, so they never cost disk bandwidth or memory pressure. Where the file system or
+    platform cannot punch holes this does nothing (the file is freed when it is closed).
+    """
+    if _fallocate is not None and length > 0:
+        _fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length)

@@ -34,7 +34,7 @@ from zerobatch_spec.layout import U32_MAX
 
 from .arguments import int_arg
 from .errors import WriteError
-from .pages import release_pages, start_writeback
+from .pages import discard, release_pages, start_writeback
 
 CHUNK_BYTES = 8 * 2**20
 """Target size of one output write; large writes also leave the page cache fast to map."""
@@ -322,6 +322,16 @@ def _scatter_mapped(
         mm.close()
 
 
+def _write_all(fd: int, data: npt.NDArray[np.uint32], offset: int) -> None:
+    """``data`` (C-contiguous) written at ``offset`` of ``fd``, however many calls it takes."""
+    view = memoryview(data.reshape(-1).view(np.uint8).data)
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise WriteError(f"write of {len(view)} bytes at offset {offset} returned {n}")
+        view, offset = view[n:], offset + n
+
+
 POSITIONS_AHEAD = 1 << 16
 """Input records whose output positions are computed at once (few large NumPy calls)."""
 
@@ -333,16 +343,19 @@ class _WindowedOutput:
     record where it belongs costs one small positioned write per record (several microseconds
     each in the page cache). Instead the output is cut into windows of ``WINDOW_BYTES``: as
     the stream arrives, records are sorted by the window they belong to and appended, packed,
-    at the start of that window's own byte range in the output file (one write per window per
-    input block); at the end each window is read back, its records are put in their slots in
-    memory, and the window is written in place in one piece. Every byte reaches the disk once,
-    the header last. File reads and writes run on one I/O thread, in submission order, while
-    this thread computes the next block's or window's placement; at most two pieces of work
-    are in flight, so memory is a few stages and windows whatever the dataset size.
+    at the start of that window's byte range in an unlinked sorting file beside the output (one
+    write per window per input block); at the end each window is mapped, its records are put
+    in their slots in memory, and the window is written to the output in one piece, in file
+    order. The output thus gets only large sequential writes, which also leaves its page cache
+    in large folios that are cheap to map for the reader that follows; the sorting file lives
+    in the page cache and is dropped with its last reference. File reads and writes run on one
+    I/O thread, in submission order, while this thread computes the next block's or window's
+    placement; at most two pieces of work are in flight, so memory is a few stages and windows
+    whatever the dataset size.
     """
 
-    def __init__(self, fd: int, header: Header) -> None:
-        self.fd, self.header = fd, header
+    def __init__(self, out_fd: int, sort_fd: int, header: Header) -> None:
+        self.out_fd, self.sort_fd, self.header = out_fd, sort_fd, header
         b, t = header.batch_size, header.seq_len
         self.row_bytes = t * 4
         self.kept = header.num_batches * b
@@ -443,24 +456,16 @@ class _WindowedOutput:
     ) -> None:
         ends = [*firsts[1:], packed.shape[0]]
         for a, e, off in zip(firsts, ends, offsets, strict=True):
-            self._write(packed[a:e], off)
-
-    def _write(self, data: npt.NDArray[np.uint32], offset: int) -> None:
-        view = memoryview(data.reshape(-1).view(np.uint8).data)
-        while len(view):
-            n = os.pwrite(self.fd, view, offset)
-            if n <= 0:
-                raise WriteError(f"write of {len(view)} bytes at offset {offset} returned {n}")
-            view, offset = view[n:], offset + n
+            _write_all(self.sort_fd, packed[a:e], off)
 
     def _write_window(self, data: npt.NDArray[np.uint32], offset: int) -> None:
-        self._write(data, offset)
-        start_writeback(self.fd, offset, data.nbytes)  # final bytes: let the disk start on them
+        _write_all(self.out_fd, data, offset)
+        start_writeback(self.out_fd, offset, data.nbytes)  # final: let the disk start on them
 
     def finish(self) -> None:
-        """Put every window's records in their slots and write the windows in place."""
+        """Put every window's records in their slots and write the windows to the output."""
         self._flush()
-        while self.pending:  # every packed record must be in the file before it is read back
+        while self.pending:  # every packed record must be written before it is read back
             self.pending.popleft().result()
         h = self.header
         b, t = h.batch_size, h.seq_len
@@ -479,7 +484,8 @@ class _WindowedOutput:
             while len(self.pending) > 1:  # the write that last used ``buf`` must be done
                 self.pending.popleft().result()
             slots = buf[:m, : b * t].reshape(m, b, t)
-            _scatter_mapped(self.fd, start, slots, order)
+            _scatter_mapped(self.sort_fd, start, slots, order)
+            discard(self.sort_fd, start, m * b * self.row_bytes)  # used: never written back
             self._submit(self._write_window, buf[:m], start)
         while self.pending:
             self.pending.popleft().result()
@@ -505,10 +511,16 @@ def _write_stream(
         seed=seed,
         total_records=total,
     )
-    with _atomic_output(path) as f:
+    size = HEADER_SIZE + header.num_batches * header.padded_batch_bytes
+    directory = os.path.dirname(os.path.abspath(path))
+    with (
+        _atomic_output(path) as f,
+        tempfile.TemporaryFile(dir=directory, prefix=".zerobatch-sort-") as sort,
+    ):
         fd = f.fileno()
-        os.ftruncate(fd, HEADER_SIZE + header.num_batches * header.padded_batch_bytes)
-        out = _WindowedOutput(fd, header)
+        os.ftruncate(fd, size)
+        os.ftruncate(sort.fileno(), size)
+        out = _WindowedOutput(fd, sort.fileno(), header)
         try:
             for rows in blocks:
                 out.add(rows)
