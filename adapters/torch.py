@@ -195,7 +195,8 @@ class TorchBatchDataset(IterableDataset[TorchItem]):
             path, block_size, shuffle, seed, epoch, dtype, r, w, next_token, bos_id
         )
         self._skip_pass = False  # restored from a state whose pass this copy had finished
-        self._pass_done = False  # a live pass has served this copy's last step
+        self._pass_done = False  # a skipped pass is still running
+        self._live_epoch: int | None = None  # epoch of the pass being served, if one is
 
     @property
     def rank(self) -> int:
@@ -227,21 +228,23 @@ class TorchBatchDataset(IterableDataset[TorchItem]):
         return self._serve(skip)
 
     def _serve(self, skip: bool) -> Iterator[TorchItem]:
-        epoch = self.loader.epoch
         try:
             if skip:
                 return
-            for item in self.loader:
-                # The core cursor moves to the next epoch with this copy's last step.
-                self._pass_done = self.loader.epoch != epoch
-                yield _tensors(item)
+            # The core cursor moves to the next epoch with this copy's last step; state_dict
+            # compares it with the pass's epoch, so the loop itself does no bookkeeping.
+            self._live_epoch = self.loader.epoch
+            plain = self.loader.bos_id is None and not self.loader.next_token
+            yield from map(torch.from_numpy if plain else _tensors, self.loader)
         finally:
             self._pass_done = False
+            self._live_epoch = None
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (a no-op if it is already the current one), as the core does."""
         self.loader.set_epoch(epoch)
         self._skip_pass = self._pass_done = False
+        self._live_epoch = None
 
     def state_dict(self) -> dict[str, Any]:
         """The core loader's JSON-able cursor state, plus ``pass_done``.
@@ -253,7 +256,8 @@ class TorchBatchDataset(IterableDataset[TorchItem]):
         next epoch while the other workers still finish this one.
         """
         state = self.loader.state_dict()
-        state[PASS_DONE] = self._skip_pass or self._pass_done
+        live = self._live_epoch is not None and self.loader.epoch != self._live_epoch
+        state[PASS_DONE] = self._skip_pass or self._pass_done or live
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -261,6 +265,7 @@ class TorchBatchDataset(IterableDataset[TorchItem]):
         self.loader.load_state_dict(state)
         self._skip_pass = bool(state.get(PASS_DONE, False))
         self._pass_done = False
+        self._live_epoch = None
 
 
 def _non_negative_int(name: str, value: object, minimum: int) -> int:
