@@ -42,7 +42,7 @@ VOCAB = 50257  # GPT-2: fits nanoGPT's uint16 shards
 BATCH, SEQ = 32, 512
 SEED = 1234
 
-# name -> (environment, output description, kind). kind: zb (ZeroBatch), peer, ideal.
+# name -> (environment, output description, kind). kind: zb (ZeroBatch), peer, floor.
 SYSTEMS: dict[str, tuple[str, str, str]] = {
     "zb_uint32": ("main", "numpy uint32 view", "zb"),
     "zb_int32": ("main", "numpy int32 view", "zb"),
@@ -61,6 +61,10 @@ SYSTEMS: dict[str, tuple[str, str, str]] = {
     "hf_datasets": ("peers", "torch int64, HF datasets with_format('torch')", "peer"),
     "mosaic_mds": ("peers", "torch int64, MosaicML StreamingDataset (MDS)", "peer"),
     "grain": ("peers", "numpy int64, grain MapDataset over ArrayRecord", "peer"),
+    # Framework floors: the fastest each framework hands a [32, 512] batch already in RAM to a
+    # Python loop (no file, no loader). A loader built on the framework cannot beat it.
+    "floor_tf_data": ("main", "tf.data from_tensors(in-RAM int64 batch).repeat(), eager", "floor"),
+    "floor_jax_put": ("main", "jax.device_put(in-RAM int32 batch, 8-device sharding)", "floor"),
 }
 IDEALS = ("numpy_uint32", "numpy_int32", "numpy_int64", "torch_int32", "torch_int64")
 IDEALS += ("jax_int32", "tf_int64")
@@ -77,6 +81,8 @@ IDEAL_OF = {
     "zb_tf_int64": "tf_int64",
     "zb_uint32_cold": "numpy_uint32",
     "grain": "numpy_int64",
+    "floor_tf_data": "tf_int64",
+    "floor_jax_put": "jax_int32",
 }
 JAX_ENV = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
 
@@ -322,9 +328,9 @@ def _ntok(b: Any) -> int:
 def _framework(system: str) -> str:
     if system.startswith(("zb_torch", "nanogpt", "dl_", "hf_", "mosaic")):
         return "torch"
-    if system.startswith("zb_jax"):
+    if system.startswith(("zb_jax", "floor_jax")):
         return "jax"
-    if system.startswith("zb_tf"):
+    if system.startswith(("zb_tf", "floor_tf")):
         return "tf"
     return "numpy"
 
@@ -380,6 +386,8 @@ def _make_iter(system: str, out: Path) -> Any:
         from zerobatch_adapters.tensorflow import tf_dataset
 
         return lambda trial: tf_dataset(f["batch"], epoch=trial)
+    if system in ("floor_tf_data", "floor_jax_put"):
+        return _floor(system, f["batch"])
     if system == "nanogpt_get_batch":
         return _nanogpt(f["nanogpt"])
     if system in ("dl_map", "dl_map_w2", "dl_getitems"):
@@ -391,6 +399,26 @@ def _make_iter(system: str, out: Path) -> Any:
     if system == "grain":
         return _grain(f["grain"])
     raise ValueError(f"unknown system {system!r}")
+
+
+def _floor(system: str, path: Path) -> Any:
+    """One epoch's worth of a single in-RAM batch, through the framework's own machinery."""
+    import numpy as np
+
+    from zerobatch_core import BatchFileReader
+
+    with BatchFileReader(path) as r:
+        host, n = np.array(r.read_batch(0)), len(r)
+    if system == "floor_tf_data":
+        import tensorflow as tf
+
+        ds = tf.data.Dataset.from_tensors(host.astype(np.int64)).repeat(n)
+        return lambda trial: ds
+    import jax
+    from zerobatch_adapters.jax import default_sharding
+
+    sh, h32 = default_sharding(), host.view(np.int32)
+    return lambda trial: (jax.device_put(h32, sh).block_until_ready() for _ in range(n))
 
 
 def _nanogpt(path: Path) -> Any:
@@ -552,7 +580,7 @@ def run_system(system: str, out: Path, mode: str, trials: int, seconds: float) -
     make = _make_iter(system, out)
     ideal_rates: list[float] = []
     after = None
-    if consume is not None and system.startswith("zb_") and system in IDEAL_OF:
+    if consume is not None and system.startswith(("zb_", "floor_")) and system in IDEAL_OF:
         # The ideal again in this process, one pass after each of the system's passes: the
         # machine's speed drifts by tens of percent over minutes, so ratios are taken per pair.
         ideal_make = _ideal_source(IDEAL_OF[system], out)
@@ -814,7 +842,7 @@ def main() -> None:
         for mode in ("yield", "consume"):
             for p in f.values():  # every format's files in the same page-cache state
                 cache_state(p)
-            env = JAX_ENV if system.startswith("zb_jax") else None
+            env = JAX_ENV if system.startswith(("zb_jax", "floor_jax")) else None
             r = spawn(python, ["--run", system, "--mode", mode, *common], env)
             entry[mode] = r
             shown = _g(r.get("tok_s", math.nan)) if "error" not in r else r["error"][:120]
@@ -880,7 +908,7 @@ def render(results: dict[str, Any]) -> str:
             else:
                 vs_ideal = "-"
             bp = best_peer[mode][0]
-            vs_peer = f"{t / bp:.1f}x" if bp and e["kind"] != "peer" else "-"
+            vs_peer = f"{t / bp:.1f}x" if bp and e["kind"] == "zb" else "-"
             vs_plain = f"{t / plain[mode]:.1f}x" if plain[mode] else "-"
             lines.append(
                 f"| {s} | {e['output']} | {mode} | {_g(t)} | {_g(r['tok_s_min'])}..."
@@ -899,6 +927,13 @@ def render(results: dict[str, Any]) -> str:
             f"it: {disk} GB/s); the same loop on a warm cache (zb_uint32 consume) moves "
             f"{warm:.2f} GB/s, so a cold pass can reach at most min(disk, warm)."
         )
+    for zb, floor in (("zb_tf_int64", "floor_tf_data"), ("zb_jax_8dev", "floor_jax_put")):
+        z, fl = systems.get(zb, {}), systems.get(floor, {})
+        pairs = [(m, rate(z, m), rate(fl, m)) for m in ("yield", "consume")]
+        if all(a and b for _, a, b in pairs):
+            shown = ", ".join(f"{m} {a / b:.2f}x" for m, a, b in pairs)
+            lines.append("")
+            lines.append(f"{zb} against its framework's floor ({floor}): {shown}")
     lines.append("")
     lines.append(
         f"best peer: yield {best_peer['yield'][1]} ({_g(best_peer['yield'][0])} tok/s), "
@@ -939,7 +974,7 @@ def plot(results: dict[str, Any], png: Path) -> None:
             continue
         names.append(s)
         y.append(r["tok_s"])
-        c.append("tab:blue" if e["kind"] == "zb" else "tab:orange")
+        c.append({"zb": "tab:blue", "peer": "tab:orange"}.get(e["kind"], "tab:gray"))
     fig, ax = plt.subplots(figsize=(10, 0.35 * len(names) + 1.5))
     ax.barh(names, y, color=c)
     ideal = results["ideals"].get("numpy_uint32", {}).get("tok_s")
@@ -947,7 +982,9 @@ def plot(results: dict[str, Any], png: Path) -> None:
         ax.axvline(ideal, color="k", ls="--", lw=1, label="ideal (uint32 in RAM)")
         ax.legend()
     ax.set_xscale("log")
-    ax.set_xlabel("tokens/s, consume mode (log scale); blue ZeroBatch, orange peers")
+    ax.set_xlabel(
+        "tokens/s, consume mode (log scale); blue ZeroBatch, orange peers, gray framework floors"
+    )
     ax.invert_yaxis()
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)

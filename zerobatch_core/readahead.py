@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-CHUNK_BYTES = 4 << 20  # one call per 4 MiB, so a long range never holds up a newer request
+CHUNK_BYTES = 16 << 20  # one call per default block: each call costs the loop a GIL hand-back
 MADV_POPULATE_READ = 22  # linux/mman.h
 _STOP = None
 
