@@ -296,10 +296,10 @@ def _record_blocks(
         raise WriteError(f"tokens_iter yielded {count} records, but total_records={total_records}")
 
 
-WINDOW_BYTES = 16 * 2**20
+WINDOW_BYTES = CHUNK_BYTES
 """Output bytes the streaming writer assembles in memory at once (one window of slots)."""
 
-STAGE_BYTES = 16 * 2**20
+STAGE_BYTES = CHUNK_BYTES
 """Input bytes the streaming writer sorts by destination window before writing them out."""
 
 
