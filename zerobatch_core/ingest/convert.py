@@ -39,10 +39,11 @@ _SUFFIXES: dict[str, Kind] = {
 MEMORY_BOUND_BYTES = 4 * CHUNK_BYTES + 96 * 2**20
 """Documented bound on how much a conversion's peak RSS may grow above the footprint of the
 interpreter with the source's libraries loaded (numpy, pyarrow, the tokenizer), whatever the
-corpus size: the writer's output chunk and gather buffers (``CHUNK_BYTES`` each), one source
-block, the documents and token arrays of the tokenization batches in flight, and the
-tokenizer's own working memory. Mapped inputs and the writer's spill file are read so that
-they never accumulate in the resident set (``pages.py``, ``writer.RecordFile``);
+corpus size: the streaming writer's stage, window and in-flight buffers (a few
+``CHUNK_BYTES`` each), one source block, the documents and token arrays of the tokenization
+batches in flight, and the tokenizer's own working memory. Mapped inputs and the writer's
+scratch files are read so that they never accumulate in the resident set (``pages.py``, one
+window mapped at a time in ``writer.py``);
 ``benchmarks/ingest_memory.py`` measures it at 1x, 4x and 16x a corpus."""
 
 
