@@ -50,17 +50,23 @@ def release_pages(array: Any) -> bool:
 SYNC_FILE_RANGE_WRITE = 2
 
 
-def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+def _libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
+    """A libc function through ``ctypes`` (it releases the GIL while it runs), or ``None``."""
+    if os.name != "posix":
+        return None
     try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.argtypes = argtypes
     fn.restype = ctypes.c_int
-    return fn
+    found: Callable[..., int] = fn
+    return found
 
 
-_sync_file_range = _load_sync_file_range() if os.name == "posix" else None
+_sync_file_range = _libc_function(
+    "sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+)
 
 
 def start_writeback(fd: int, offset: int, length: int) -> None:
@@ -79,17 +85,9 @@ FALLOC_FL_KEEP_SIZE = 1
 FALLOC_FL_PUNCH_HOLE = 2
 
 
-def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).fallocate
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_fallocate = _load_fallocate() if os.name == "posix" else None
+_fallocate = _libc_function(
+    "fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+)
 
 
 def discard(fd: int, offset: int, length: int) -> None:

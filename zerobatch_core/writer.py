@@ -163,6 +163,17 @@ def _as_record_file(source: npt.NDArray[np.integer]) -> RecordFile | None:
     return RecordFile(fd, int(source.offset), shape, source.dtype)
 
 
+def _file_header(total: int, batch_size: int, seq_len: int, seed: int) -> Header:
+    """The header of a file of ``total`` records: the remainder past whole batches is dropped."""
+    return Header(
+        batch_size=batch_size,
+        seq_len=seq_len,
+        num_batches=total // batch_size,
+        seed=seed,
+        total_records=total,
+    )
+
+
 def _write_permuted(
     path: str, source: npt.NDArray[np.integer] | RecordFile, batch_size: int, seed: int, what: str
 ) -> int:
@@ -170,13 +181,7 @@ def _write_permuted(
     total, seq_len = int(source.shape[0]), int(source.shape[1])
     if total > U32_MAX:
         raise WriteError(f"{what}: {total} records exceed the u32 total_records field")
-    header = Header(
-        batch_size=batch_size,
-        seq_len=seq_len,
-        num_batches=total // batch_size,
-        seed=seed,
-        total_records=total,
-    )
+    header = _file_header(total, batch_size, seq_len, seed)
     slot_words = header.padded_batch_bytes // 4
     batch_words = batch_size * seq_len
     per_chunk = max(1, CHUNK_BYTES // header.padded_batch_bytes)
@@ -336,6 +341,34 @@ POSITIONS_AHEAD = 1 << 16
 """Input records whose output positions are computed at once (few large NumPy calls)."""
 
 
+class _AheadPermutation:
+    """The record permutation (or its inverse) over consecutive indices, computed in bulk.
+
+    Each NumPy evaluation of the Feistel network costs a few dozen array operations whatever
+    the array's length, so indices are evaluated ``POSITIONS_AHEAD`` at a time and served from
+    that window; memory stays a few such arrays.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[npt.ArrayLike, int, int, int], npt.NDArray[np.uint64]],
+        header: Header,
+        limit: int,
+    ) -> None:
+        self.fn, self.header, self.limit = fn, header, limit
+        self.values, self.first = np.empty(0, dtype=np.uint64), 0
+
+    def get(self, first: int, k: int) -> npt.NDArray[np.uint64]:
+        """Images of indices ``first .. first + k`` (all below ``limit``)."""
+        end = first + k
+        if not (self.first <= first and end <= self.first + self.values.size):
+            n = min(max(k, POSITIONS_AHEAD), self.limit - first)
+            ids = np.arange(first, first + n, dtype=np.uint64)
+            h = self.header
+            self.values, self.first = self.fn(ids, h.total_records, h.seed, DOMAIN_RECORDS), first
+        return self.values[first - self.first : end - self.first]
+
+
 class _WindowedOutput:
     """Places a stream of records at their permuted positions with large writes only.
 
@@ -369,8 +402,9 @@ class _WindowedOutput:
         self.stage = np.empty((stage_rows, t), dtype="<u4")
         self.staged = 0
         self.placed = 0  # input records placed so far (the stream index of stage row 0)
-        self.pos, self.pos_first = np.empty(0, dtype=np.int64), 0
-        self.src, self.src_first = np.empty(0, dtype=np.uint64), 0
+        # Input record -> output position (phase 1), output position -> input record (phase 2).
+        self.positions = _AheadPermutation(unpermute_array, header, header.total_records)
+        self.sources = _AheadPermutation(permute_array, header, self.kept)
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerobatch-writer")
         self.pending: deque[Future[None]] = deque()
 
@@ -411,7 +445,7 @@ class _WindowedOutput:
     def _place(self, rows: npt.NDArray[np.uint32]) -> None:
         """Append the next ``len(rows)`` input records to their windows' packed areas."""
         k = rows.shape[0]
-        pos = self._positions(self.placed, k)
+        pos = self.positions.get(self.placed, k).astype(np.int64)
         window = pos // self.window_records
         window[pos >= self.kept] = -1  # the dropped remainder is never written
         order = np.argsort(window, kind="stable")  # stable: input order within each window
@@ -428,28 +462,6 @@ class _WindowedOutput:
         self.cursors[ws] += counts * self.row_bytes
         packed = rows[order]  # a copy: the caller may reuse ``rows`` once this returns
         self._submit(self._write_pieces, packed, firsts.tolist(), offsets.tolist())
-
-    def _positions(self, first: int, k: int) -> npt.NDArray[np.int64]:
-        """Output positions of input records ``first .. first + k`` (computed ahead in bulk)."""
-        end = first + k
-        if not (self.pos_first <= first and end <= self.pos_first + self.pos.size):
-            h = self.header
-            n = min(max(k, POSITIONS_AHEAD), h.total_records - first)
-            ids = np.arange(first, first + n, dtype=np.uint64)
-            pos = unpermute_array(ids, h.total_records, h.seed, DOMAIN_RECORDS)
-            self.pos, self.pos_first = pos.astype(np.int64), first
-        return self.pos[first - self.pos_first : end - self.pos_first]
-
-    def _sources(self, first: int, k: int) -> npt.NDArray[np.uint64]:
-        """Input records at output positions ``first .. first + k`` (computed ahead in bulk)."""
-        end = first + k
-        if not (self.src_first <= first and end <= self.src_first + self.src.size):
-            h = self.header
-            n = min(max(k, POSITIONS_AHEAD), self.kept - first)
-            positions = np.arange(first, first + n, dtype=np.uint64)
-            self.src = permute_array(positions, h.total_records, h.seed, DOMAIN_RECORDS)
-            self.src_first = first
-        return self.src[first - self.src_first : end - self.src_first]
 
     def _write_pieces(
         self, packed: npt.NDArray[np.uint32], firsts: list[int], offsets: list[int]
@@ -478,7 +490,7 @@ class _WindowedOutput:
         for w, start in enumerate(self.starts.tolist()):
             b0 = w * self.window_batches
             m = min(self.window_batches, h.num_batches - b0)
-            sources = self._sources(b0 * b, m * b)
+            sources = self.sources.get(b0 * b, m * b)
             order = np.argsort(sources, kind="stable")  # packed rows are in source order
             buf = bufs[w % 2]
             while len(self.pending) > 1:  # the write that last used ``buf`` must be done
@@ -504,13 +516,7 @@ def _write_stream(
     seed: int,
 ) -> int:
     """Write a stream of ``total`` records (known up front) as an LLMBATCH file at ``path``."""
-    header = Header(
-        batch_size=batch_size,
-        seq_len=seq_len,
-        num_batches=total // batch_size,
-        seed=seed,
-        total_records=total,
-    )
+    header = _file_header(total, batch_size, seq_len, seed)
     size = HEADER_SIZE + header.num_batches * header.padded_batch_bytes
     directory = os.path.dirname(os.path.abspath(path))
     with (
