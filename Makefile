@@ -44,6 +44,7 @@ demo: install
 # Benchmarks against peers and the machine's limits (peers: bash benchmarks/peers_env.sh);
 # results on this class of machine: benchmarks/RESULTS.md.
 bench: install $(FRAMEWORKS)
+	$(PIP) -e '.[bench]' $(EDITABLE)
 	$(PY) benchmarks/loader_bench.py
 	$(PY) benchmarks/writer_bench.py
 	$(PY) benchmarks/shuffle_quality.py
