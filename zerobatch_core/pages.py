@@ -50,7 +50,7 @@ def release_pages(array: Any) -> bool:
 SYNC_FILE_RANGE_WRITE = 2
 
 
-def _libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
+def libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
     """A libc function through ``ctypes`` (it releases the GIL while it runs), or ``None``."""
     if os.name != "posix":
         return None
@@ -64,7 +64,7 @@ def _libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
     return found
 
 
-_sync_file_range = _libc_function(
+_sync_file_range = libc_function(
     "sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 )
 
@@ -85,7 +85,7 @@ FALLOC_FL_KEEP_SIZE = 1
 FALLOC_FL_PUNCH_HOLE = 2
 
 
-_fallocate = _libc_function(
+_fallocate = libc_function(
     "fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 )
 

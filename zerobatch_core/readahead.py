@@ -24,29 +24,22 @@ import os
 import queue
 import sys
 import threading
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from .pages import libc_function
 
 CHUNK_BYTES = 16 << 20  # one call per default block: each call costs the loop a GIL hand-back
 MADV_POPULATE_READ = 22  # linux/mman.h
 _STOP = None
 
 
-def _libc_madvise() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    return madvise
-
-
-_MADVISE = _libc_madvise()
+_MADVISE = (
+    libc_function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
+    if sys.platform.startswith("linux")  # MADV_POPULATE_READ's value is Linux's
+    else None
+)
 
 
 def _ram_bytes() -> int:
@@ -118,7 +111,7 @@ class Readahead:
 
     def _hint(self, base: int, offset: int, n: int) -> bool:
         """One chunk: populate its mapping, or (if the kernel cannot) start its disk reads."""
-        if self._populate:
+        if self._populate and _MADVISE is not None:
             if _MADVISE(base + offset, n, MADV_POPULATE_READ) == 0:
                 return True
             if ctypes.get_errno() not in (errno.EINVAL, errno.ENOSYS):

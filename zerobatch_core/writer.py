@@ -415,12 +415,10 @@ class _WindowedOutput:
         self.io.shutdown(wait=True)
         self.pending.clear()
 
-    def _submit(self, fn: Callable[..., None], *args: object) -> Future[None]:
+    def _submit(self, fn: Callable[..., None], *args: object) -> None:
         while len(self.pending) >= 2:
             self.pending.popleft().result()  # bounds memory in flight; re-raises I/O errors
-        job = self.io.submit(fn, *args)
-        self.pending.append(job)
-        return job
+        self.pending.append(self.io.submit(fn, *args))
 
     def add(self, rows: npt.NDArray[np.uint32]) -> None:
         """Take the next input records, in stream order."""
@@ -483,14 +481,13 @@ class _WindowedOutput:
         b, t = h.batch_size, h.seq_len
         self.stage = np.empty((0, t), dtype="<u4")  # its memory is not needed any more
         for w in range(len(self.starts)):
-            if int(self.cursors[w] - self.starts[w]) != self._window_count(w) * self.row_bytes:
+            if int(self.cursors[w] - self.starts[w]) != self._window_records(w) * self.row_bytes:
                 raise WriteError(f"internal: window {w} received the wrong number of records")
         slot_words = h.padded_batch_bytes // 4
         bufs = [np.zeros((self.window_batches, slot_words), dtype="<u4") for _ in range(2)]
         for w, start in enumerate(self.starts.tolist()):
-            b0 = w * self.window_batches
-            m = min(self.window_batches, h.num_batches - b0)
-            sources = self.sources.get(b0 * b, m * b)
+            m = self._window_records(w) // b
+            sources = self.sources.get(w * self.window_records, m * b)
             order = np.argsort(sources, kind="stable")  # packed rows are in source order
             buf = bufs[w % 2]
             while len(self.pending) > 1:  # the write that last used ``buf`` must be done
@@ -502,9 +499,9 @@ class _WindowedOutput:
         while self.pending:
             self.pending.popleft().result()
 
-    def _window_count(self, w: int) -> int:
-        b0 = w * self.window_batches
-        return min(self.window_batches, self.header.num_batches - b0) * self.header.batch_size
+    def _window_records(self, w: int) -> int:
+        """Records in window ``w`` (whole batches; only the last window may be short)."""
+        return min(self.window_records, self.kept - w * self.window_records)
 
 
 def _write_stream(
@@ -539,16 +536,10 @@ def _write_stream(
 
 def _spilled_blocks(spill: BinaryIO, n: int, seq_len: int) -> Iterator[npt.NDArray[np.uint32]]:
     """The spilled records read back in order, ``CHUNK_BYTES`` at a time."""
-    per_read = max(1, CHUNK_BYTES // (seq_len * 4))
-    buf = np.empty((per_read, seq_len), dtype="<u4")
-    fd = spill.fileno()
+    records = RecordFile(spill.fileno(), 0, (n, seq_len), np.dtype("<u4"))
+    per_read = max(1, CHUNK_BYTES // records.row_bytes)
     for r0 in range(0, n, per_read):
-        k = min(per_read, n - r0)
-        want = k * seq_len * 4
-        got = os.preadv(fd, [buf[:k].data], r0 * seq_len * 4)
-        if got != want:
-            raise WriteError(f"spill file ended early: read {got} of {want} bytes")
-        yield buf[:k]
+        yield records.gather(np.arange(r0, min(r0 + per_read, n), dtype=np.int64)).view(np.uint32)
 
 
 def write_batch_dataset(
@@ -562,12 +553,13 @@ def write_batch_dataset(
     """Write a stream of records as an LLMBATCH file with bounded memory; return num_batches.
 
     ``tokens_iter`` yields records of ``seq_len`` tokens (1-D arrays) or blocks of records
-    (2-D ``[k, seq_len]``), ``total_records`` in all. Each record is written once, straight to
-    the place the permutation gives it in the (pre-sized, temporary) output, so the result is
-    byte-identical to ``write_batch_file`` on the same records. ``total_records=None`` accepts
-    a stream of unknown length: the permutation needs the count, so the stream is then first
-    spilled to a temporary file beside the output (``total_records * seq_len * 4`` bytes) and
-    read back in order. Peak memory is a block of the stream plus a few ``CHUNK_BYTES``,
+    (2-D ``[k, seq_len]``), ``total_records`` in all. Records are sorted towards their output
+    windows through an unlinked scratch file beside the output and each window is written
+    once, permuted, in file order (``_WindowedOutput``), so the result is byte-identical to
+    ``write_batch_file`` on the same records. ``total_records=None`` accepts a stream of
+    unknown length: the permutation needs the count, so the stream is then first spilled to
+    another temporary file (``total_records * seq_len * 4`` bytes) and read back in order.
+    Peak memory is a block of the stream plus a few ``CHUNK_BYTES``,
     whatever the dataset size.
     """
     path = _check_destination(output_path)
