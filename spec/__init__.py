@@ -7,6 +7,11 @@ from .layout import (
     MAGIC,
     PAGE_SIZE,
     RESERVED_OFFSET,
+    SLOT_ALIGNMENT,
+    TOKEN_BYTES,
+    TOKEN_DTYPE,
+    U32_MAX,
+    U64_MAX,
     VERSION,
     Header,
     batch_offset,
@@ -15,6 +20,7 @@ from .layout import (
     padded_batch_bytes,
     parse_header,
     raw_batch_bytes,
+    slot_words,
 )
 from .rules import RULES, ErrorCode, Violation, check_header, find_violation
 from .shuffle import (
@@ -42,6 +48,11 @@ __all__ = [
     "PAGE_SIZE",
     "RESERVED_OFFSET",
     "RULES",
+    "SLOT_ALIGNMENT",
+    "TOKEN_BYTES",
+    "TOKEN_DTYPE",
+    "U32_MAX",
+    "U64_MAX",
     "VERSION",
     "ErrorCode",
     "Header",
@@ -62,6 +73,7 @@ __all__ = [
     "permute_array",
     "raw_batch_bytes",
     "record_source",
+    "slot_words",
     "unpermute",
     "unpermute_array",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
 from construct import Bytes, Default, Int32ul, Int64ul, Struct
 
 MAGIC: Final = b"LLMBATCH"
@@ -18,11 +19,14 @@ MAGIC: Final = b"LLMBATCH"
 VERSION: Final = 1
 """The only format version this specification defines."""
 
-HEADER_SIZE: Final = 4096
-"""The header occupies exactly one 4096-byte page; batch slots start right after it."""
+SLOT_ALIGNMENT: Final = 4096
+"""Slots are padded to a multiple of this many bytes, so every slot starts page-aligned."""
 
-PAGE_SIZE: Final = 4096
-"""Slots are padded to a multiple of this many bytes."""
+HEADER_SIZE: Final = SLOT_ALIGNMENT
+"""The header occupies exactly one alignment unit; batch slots start right after it."""
+
+PAGE_SIZE: Final = SLOT_ALIGNMENT
+"""Alias of ``SLOT_ALIGNMENT``."""
 
 RESERVED_OFFSET: Final = 40
 """First reserved byte; bytes ``40..4096`` MUST be zero in version 1."""
@@ -32,7 +36,11 @@ RESERVED_SIZE: Final = HEADER_SIZE - RESERVED_OFFSET
 DTYPE_UINT32: Final = 0
 """The only token dtype code defined in version 1: little-endian uint32."""
 
-TOKEN_BYTES: Final = 4
+TOKEN_DTYPE: Final = np.dtype("<u4")
+"""NumPy dtype of a token on disk (dtype code 0): little-endian uint32."""
+
+TOKEN_BYTES: Final = TOKEN_DTYPE.itemsize
+"""Bytes per token: the itemsize of ``TOKEN_DTYPE``."""
 
 U32_MAX: Final = 2**32 - 1
 U64_MAX: Final = 2**64 - 1
@@ -75,7 +83,12 @@ def raw_batch_bytes(batch_size: int, seq_len: int) -> int:
 def padded_batch_bytes(batch_size: int, seq_len: int) -> int:
     """Size of one batch slot: the raw batch size rounded up to a multiple of 4096."""
     raw = raw_batch_bytes(batch_size, seq_len)
-    return -(-raw // PAGE_SIZE) * PAGE_SIZE
+    return -(-raw // SLOT_ALIGNMENT) * SLOT_ALIGNMENT
+
+
+def slot_words(batch_size: int, seq_len: int) -> int:
+    """Tokens that fit in one slot, padding included: ``padded_batch_bytes // TOKEN_BYTES``."""
+    return padded_batch_bytes(batch_size, seq_len) // TOKEN_BYTES
 
 
 def expected_file_size(batch_size: int, seq_len: int, num_batches: int) -> int:
@@ -109,6 +122,11 @@ class Header:
     def padded_batch_bytes(self) -> int:
         """Slot size per batch, a multiple of 4096."""
         return padded_batch_bytes(self.batch_size, self.seq_len)
+
+    @property
+    def slot_words(self) -> int:
+        """Tokens per slot, padding included (the row length of a ``[num_batches, -1]`` view)."""
+        return slot_words(self.batch_size, self.seq_len)
 
     @property
     def file_size(self) -> int:

@@ -12,13 +12,20 @@ from types import TracebackType
 
 import numpy as np
 import numpy.typing as npt
-from zerobatch_spec import HEADER_SIZE, ErrorCode, Header, Violation, check_header
+from zerobatch_spec import (
+    HEADER_SIZE,
+    TOKEN_DTYPE,
+    ErrorCode,
+    Header,
+    Violation,
+    check_header,
+)
 
 from .errors import FormatError, ZeroBatchError
 from .readahead import Readahead
 
-TOKEN_DTYPE = np.dtype("<u4")
-"""On-disk token dtype: little-endian uint32."""
+_SIGNED_TOKEN_DTYPE = np.dtype(np.int32).newbyteorder(TOKEN_DTYPE.byteorder)
+"""The token words reinterpreted as int32, in the tokens' byte order (``read_batch_int32``)."""
 
 U32Array = npt.NDArray[np.uint32]
 I32Array = npt.NDArray[np.int32]
@@ -69,14 +76,13 @@ class BatchFileReader:
                 ),
             )
         h = self.header
-        words = h.padded_batch_bytes // 4
         flat = np.frombuffer(self._mmap, dtype=TOKEN_DTYPE, offset=HEADER_SIZE)
         # [num_batches, words per slot] -> drop slot padding -> [num_batches, B, T], all views.
-        self._slots: U32Array = flat.reshape(h.num_batches, words)
+        self._slots: U32Array = flat.reshape(h.num_batches, h.slot_words)
         self._tokens: U32Array = self._slots[:, : h.batch_size * h.seq_len].reshape(
             h.num_batches, h.batch_size, h.seq_len
         )
-        self._tokens_i32: I32Array = self._tokens.view(np.dtype("<i4"))
+        self._tokens_i32: I32Array = self._tokens.view(_SIGNED_TOKEN_DTYPE)
         # The descriptor stays open for read-ahead hints, so they always reach this inode; it
         # is closed by ``close`` or, for a reader that is just dropped, by the finalizer.
         self._readahead = Readahead(fd, np.frombuffer(self._mmap, dtype=np.uint8))

@@ -25,12 +25,14 @@ import numpy.typing as npt
 from zerobatch_spec import (
     DOMAIN_RECORDS,
     HEADER_SIZE,
+    TOKEN_BYTES,
+    TOKEN_DTYPE,
+    U32_MAX,
     Header,
     build_header,
     permute_array,
     unpermute_array,
 )
-from zerobatch_spec.layout import U32_MAX
 
 from .arguments import int_arg
 from .errors import WriteError
@@ -60,9 +62,9 @@ def _check_token_dtype(dtype: np.dtype[np.generic], what: str) -> None:
 def _to_u32(rows: npt.NDArray[np.integer], what: str, first_record: int) -> npt.NDArray[np.uint32]:
     """Rows as uint32, or a ``WriteError`` naming the first record with an out-of-range token."""
     if rows.dtype == np.uint32 or rows.size == 0:
-        return rows.astype("<u4", copy=False)
-    if rows.dtype.kind == "u" and rows.dtype.itemsize <= 4:
-        return rows.astype("<u4")
+        return rows.astype(TOKEN_DTYPE, copy=False)
+    if rows.dtype.kind == "u" and rows.dtype.itemsize <= TOKEN_BYTES:
+        return rows.astype(TOKEN_DTYPE)
     bad = (rows < 0) | (rows > U32_MAX)
     if bad.any():
         r, c = (int(x[0]) for x in np.nonzero(bad))
@@ -70,7 +72,7 @@ def _to_u32(rows: npt.NDArray[np.integer], what: str, first_record: int) -> npt.
             f"{what}: record {first_record + r}, token {c}: value {int(rows[r, c])} is outside "
             f"the uint32 range [0, 2**32 - 1]"
         )
-    return rows.astype("<u4")
+    return rows.astype(TOKEN_DTYPE)
 
 
 def _remove_stale_temporaries(directory: str, prefix: str) -> None:
@@ -182,10 +184,9 @@ def _write_permuted(
     if total > U32_MAX:
         raise WriteError(f"{what}: {total} records exceed the u32 total_records field")
     header = _file_header(total, batch_size, seq_len, seed)
-    slot_words = header.padded_batch_bytes // 4
     batch_words = batch_size * seq_len
     per_chunk = max(1, CHUNK_BYTES // header.padded_batch_bytes)
-    buf = np.zeros((min(per_chunk, max(header.num_batches, 1)), slot_words), dtype="<u4")
+    buf = np.zeros((min(per_chunk, max(header.num_batches, 1)), header.slot_words), TOKEN_DTYPE)
     with _atomic_output(path) as f:
         f.write(bytes(HEADER_SIZE))  # placeholder: no magic until the data is complete
         for b0 in range(0, header.num_batches, per_chunk):
@@ -227,7 +228,7 @@ def _check_array(tokens: object, seq_len: int | None, what: str) -> npt.NDArray[
 
 def _check_values(tokens: npt.NDArray[np.integer], what: str) -> None:
     """Reject out-of-range tokens anywhere in the input, including the dropped remainder."""
-    if tokens.dtype == np.uint32 or (tokens.dtype.kind == "u" and tokens.dtype.itemsize < 4):
+    if tokens.dtype.kind == "u" and tokens.dtype.itemsize <= TOKEN_BYTES:
         return
     step = max(1, CHUNK_BYTES // max(1, tokens.shape[1] * tokens.dtype.itemsize))
     for r0 in range(0, tokens.shape[0], step):
@@ -307,6 +308,9 @@ WINDOW_BYTES = CHUNK_BYTES
 STAGE_BYTES = CHUNK_BYTES
 """Input bytes the streaming writer sorts by destination window before writing them out."""
 
+STAGE_SHARE_DIRECT = 4
+"""A block of at least ``1 / STAGE_SHARE_DIRECT`` of the stage is placed without staging."""
+
 
 def _scatter_mapped(
     fd: int, offset: int, slots: npt.NDArray[np.uint32], order: npt.NDArray[np.intp]
@@ -318,9 +322,9 @@ def _scatter_mapped(
     """
     m, b, t = slots.shape
     flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-    mm = mmap.mmap(fd, m * b * t * 4, flags=flags, prot=mmap.PROT_READ, offset=offset)
+    mm = mmap.mmap(fd, m * b * t * TOKEN_BYTES, flags=flags, prot=mmap.PROT_READ, offset=offset)
     try:
-        packed = np.frombuffer(mm, dtype="<u4").reshape(m * b, t)
+        packed = np.frombuffer(mm, dtype=TOKEN_DTYPE).reshape(m * b, t)
         slots[order // b, order % b] = packed
         del packed
     finally:
@@ -390,7 +394,7 @@ class _WindowedOutput:
     def __init__(self, out_fd: int, sort_fd: int, header: Header) -> None:
         self.out_fd, self.sort_fd, self.header = out_fd, sort_fd, header
         b, t = header.batch_size, header.seq_len
-        self.row_bytes = t * 4
+        self.row_bytes = t * TOKEN_BYTES
         self.kept = header.num_batches * b
         self.window_batches = max(1, WINDOW_BYTES // header.padded_batch_bytes)
         self.window_records = self.window_batches * b
@@ -399,7 +403,7 @@ class _WindowedOutput:
         self.starts = HEADER_SIZE + np.arange(n_windows, dtype=np.int64) * window_bytes
         self.cursors = self.starts.copy()
         stage_rows = max(1, min(STAGE_BYTES // self.row_bytes, max(self.kept, 1)))
-        self.stage = np.empty((stage_rows, t), dtype="<u4")
+        self.stage = np.empty((stage_rows, t), dtype=TOKEN_DTYPE)
         self.staged = 0
         self.placed = 0  # input records placed so far (the stream index of stage row 0)
         # Input record -> output position (phase 1), output position -> input record (phase 2).
@@ -422,7 +426,7 @@ class _WindowedOutput:
 
     def add(self, rows: npt.NDArray[np.uint32]) -> None:
         """Take the next input records, in stream order."""
-        if rows.shape[0] >= self.stage.shape[0] // 4:  # large enough to place without staging
+        if rows.shape[0] >= self.stage.shape[0] // STAGE_SHARE_DIRECT:  # place without staging
             self._flush()
             self._place(rows)
             return
@@ -479,12 +483,11 @@ class _WindowedOutput:
             self.pending.popleft().result()
         h = self.header
         b, t = h.batch_size, h.seq_len
-        self.stage = np.empty((0, t), dtype="<u4")  # its memory is not needed any more
+        self.stage = np.empty((0, t), dtype=TOKEN_DTYPE)  # its memory is not needed any more
         for w in range(len(self.starts)):
             if int(self.cursors[w] - self.starts[w]) != self._window_records(w) * self.row_bytes:
                 raise WriteError(f"internal: window {w} received the wrong number of records")
-        slot_words = h.padded_batch_bytes // 4
-        bufs = [np.zeros((self.window_batches, slot_words), dtype="<u4") for _ in range(2)]
+        bufs = [np.zeros((self.window_batches, h.slot_words), dtype=TOKEN_DTYPE) for _ in range(2)]
         for w, start in enumerate(self.starts.tolist()):
             m = self._window_records(w) // b
             sources = self.sources.get(w * self.window_records, m * b)
@@ -514,7 +517,7 @@ def _write_stream(
 ) -> int:
     """Write a stream of ``total`` records (known up front) as an LLMBATCH file at ``path``."""
     header = _file_header(total, batch_size, seq_len, seed)
-    size = HEADER_SIZE + header.num_batches * header.padded_batch_bytes
+    size = header.file_size
     directory = os.path.dirname(os.path.abspath(path))
     with (
         _atomic_output(path) as f,
@@ -536,7 +539,7 @@ def _write_stream(
 
 def _spilled_blocks(spill: BinaryIO, n: int, seq_len: int) -> Iterator[npt.NDArray[np.uint32]]:
     """The spilled records read back in order, ``CHUNK_BYTES`` at a time."""
-    records = RecordFile(spill.fileno(), 0, (n, seq_len), np.dtype("<u4"))
+    records = RecordFile(spill.fileno(), 0, (n, seq_len), TOKEN_DTYPE)
     per_read = max(1, CHUNK_BYTES // records.row_bytes)
     for r0 in range(0, n, per_read):
         yield records.gather(np.arange(r0, min(r0 + per_read, n), dtype=np.int64)).view(np.uint32)
