@@ -28,17 +28,26 @@ import numpy.typing as npt
 from zerobatch_spec import (
     DOMAIN_RECORDS,
     HEADER_SIZE,
+    MAGIC,
+    RESERVED_OFFSET,
+    TOKEN_DTYPE,
+    U32_MAX,
+    U64_MAX,
     Header,
+    batch_offset,
     build_header,
     epoch_key,
     epoch_order,
     permute_array,
 )
-from zerobatch_spec.layout import RESERVED_SIZE, U32_MAX, U64_MAX
+from zerobatch_spec.layout import RESERVED_SIZE
 from zerobatch_spec.shuffle import mix64_array
 
 BLOCK_ORDER_CASES = ((1, 0), (1, 1), (3, 0), (3, 7), (4, 2), (256, 0))
 """(block_size, epoch) pairs whose orders valid-file vectors pin (with the file's seed)."""
+
+WRITER_INPUT_MAX_TOKENS = 4096
+"""A valid vector lists its writer input (records, batch size, seed) up to this many tokens."""
 
 
 @dataclass
@@ -67,18 +76,17 @@ def assemble(header: Header, records: npt.NDArray[np.uint32]) -> bytes:
     total = header.total_records
     positions = np.arange(nb * b, dtype=np.uint64)
     source = permute_array(positions, total, header.seed, DOMAIN_RECORDS).astype(np.int64)
-    tokens = records[source].reshape(nb, b * t).astype("<u4")
-    slots = np.zeros((nb, header.padded_batch_bytes // 4), dtype="<u4")
+    tokens = records[source].reshape(nb, b * t).astype(TOKEN_DTYPE)
+    slots = np.zeros((nb, header.slot_words), dtype=TOKEN_DTYPE)
     slots[:, : b * t] = tokens
     return build_header(header) + slots.tobytes()
 
 
 def batch_digests(data: bytes, header: Header) -> list[str]:
-    raw, padded = header.raw_batch_bytes, header.padded_batch_bytes
-    return [
-        hashlib.sha256(data[HEADER_SIZE + i * padded : HEADER_SIZE + i * padded + raw]).hexdigest()
-        for i in range(header.num_batches)
-    ]
+    """SHA-256 of each batch's token bytes (its slot without the padding)."""
+    b, t, raw = header.batch_size, header.seq_len, header.raw_batch_bytes
+    offsets = (batch_offset(i, b, t) for i in range(header.num_batches))
+    return [hashlib.sha256(data[off : off + raw]).hexdigest() for off in offsets]
 
 
 def valid_vector(
@@ -122,7 +130,7 @@ def valid_vector(
         "block_orders": orders,
     }
     extra: dict[str, Any] = {}
-    if total_records_field is None and total * seq_len <= 4096:
+    if total_records_field is None and total * seq_len <= WRITER_INPUT_MAX_TOKENS:
         extra["writer_input"] = {
             "records": records.tolist(),
             "batch_size": batch_size,
@@ -140,7 +148,7 @@ def small_header(**overrides: int) -> Header:
 def small_body(header: Header) -> bytes:
     recs = pseudo_tokens(header.num_batches * header.batch_size * header.seq_len, 99)
     nb, b, t = header.num_batches, header.batch_size, header.seq_len
-    slots = np.zeros((nb, header.padded_batch_bytes // 4), dtype="<u4")
+    slots = np.zeros((nb, header.slot_words), dtype=TOKEN_DTYPE)
     slots[:, : b * t] = recs.reshape(nb, b * t)
     return slots.tobytes()
 
@@ -158,13 +166,13 @@ def invalid_vector(
     )
 
 
-def raw_header(header: Header, magic: bytes = b"LLMBATCH", reserved: bytes | None = None) -> bytes:
+def raw_header(header: Header, magic: bytes = MAGIC, reserved: bytes | None = None) -> bytes:
     return build_header(header, magic=magic, reserved=reserved)
 
 
 def reserved_with(offset: int, value: int = 1) -> bytes:
     r = bytearray(RESERVED_SIZE)
-    r[offset - 40] = value
+    r[offset - RESERVED_OFFSET] = value
     return bytes(r)
 
 
@@ -200,9 +208,9 @@ def valid_vectors() -> Iterator[Vector]:
     yield valid_vector(
         "valid-one-token", "batch_size 1, seq_len 1", 1, 1, 5, 11, ["one-token", "padding"]
     )
-    extremes = np.array([[0, 1, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1]] * 4, dtype=np.uint32)
+    extremes = np.array([[0, 1, 2**31 - 1, 2**31, U32_MAX - 1, U32_MAX]] * 4, dtype=np.uint32)
     extremes[1] = extremes[1][::-1]
-    extremes[2, :] = 2**32 - 1
+    extremes[2, :] = U32_MAX
     extremes[3, :] = 0
     yield valid_vector(
         "valid-token-extremes",
@@ -242,13 +250,13 @@ def invalid_vectors() -> Iterator[Vector]:
     body = small_body(good)
     full = raw_header(good) + body
     # 1. truncated_header
-    for n in (0, 1, 8, 40, 4095):
+    for n in (0, 1, len(MAGIC), RESERVED_OFFSET, HEADER_SIZE - 1):
         yield invalid_vector(
             f"truncated-header-{n}",
             f"file of {n} bytes",
             "truncated_header",
             full[:n],
-            ["off-by-one"] if n == 4095 else [],
+            ["off-by-one"] if n == HEADER_SIZE - 1 else [],
         )
     # 2. bad_magic
     for name, magic in (
@@ -299,7 +307,7 @@ def invalid_vectors() -> Iterator[Vector]:
         raw_header(small_header(batch_size=0, seq_len=0)) + body,
     )
     # 6. nonzero_reserved
-    for off in (40, 2000, 4095):
+    for off in (RESERVED_OFFSET, 2000, HEADER_SIZE - 1):
         yield invalid_vector(
             f"nonzero-reserved-{off}",
             f"byte {off} set",
@@ -338,8 +346,8 @@ def invalid_vectors() -> Iterator[Vector]:
         raw_header(small_header(num_batches=U64_MAX, total_records=U32_MAX)) + body,
         ["overflow"],
     )
-    # num_batches * 4096 wraps modulo 2^64 to exactly this file's slot bytes.
-    wrap = (1 << 52) + 2
+    # num_batches * padded_batch_bytes wraps modulo 2^64 to exactly this file's slot bytes.
+    wrap = (U64_MAX + 1) // good.padded_batch_bytes + good.num_batches
     yield invalid_vector(
         "size-overflow-wraps",
         "num_batches*padded wraps to the real size",

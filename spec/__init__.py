@@ -1,11 +1,17 @@
-"""LLMBATCH, the ZeroBatch file format: layout, validation rules and shuffles (``SPEC.md``)."""
+"""LLMBATCH, the ZeroBatch file format: layout, validation rules and shuffles (``SPEC.md``).
+
+Every number of the format is defined here once: the header (``HEADER_STRUCT``, its
+``FIELD_OFFSETS``, ``HEADER_SIZE``), the slots (``SLOT_ALIGNMENT``, ``batch_offset``,
+``slot_words``), the tokens (``TOKEN_DTYPE``, ``TOKEN_BYTES``) and the field bounds
+(``U32_MAX``, ``U64_MAX``). Other packages import them rather than repeating the literals.
+"""
 
 from .layout import (
     DTYPE_UINT32,
+    FIELD_OFFSETS,
     HEADER_SIZE,
     HEADER_STRUCT,
     MAGIC,
-    PAGE_SIZE,
     RESERVED_OFFSET,
     SLOT_ALIGNMENT,
     TOKEN_BYTES,
@@ -42,10 +48,10 @@ __all__ = [
     "DOMAIN_BLOCKS",
     "DOMAIN_RECORDS",
     "DTYPE_UINT32",
+    "FIELD_OFFSETS",
     "HEADER_SIZE",
     "HEADER_STRUCT",
     "MAGIC",
-    "PAGE_SIZE",
     "RESERVED_OFFSET",
     "RULES",
     "SLOT_ALIGNMENT",

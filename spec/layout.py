@@ -1,8 +1,14 @@
 """LLMBATCH byte layout: the header declared once with ``construct``, and the slot arithmetic.
 
-This module is the reference for every byte of the format (see ``SPEC.md``). The header is a
-single ``construct.Struct``; the core parses and builds headers only through it, so the
-declaration below cannot drift from what readers and writers do.
+This module is the reference for every byte of the format (see ``SPEC.md``), and the only place
+in ZeroBatch where format numbers are written down: the header size and slot alignment, the
+token dtype and its size, the field bounds. Everything else imports them from here (a unit test,
+``tests/unit/test_format_literals.py``, fails on a format literal anywhere outside ``spec/``).
+
+The header fields are declared once, as the subcons of a ``construct.Struct``. Their offsets,
+the reserved range and the field list that ``Header``, ``parse_header`` and ``build_header``
+use are all derived from that declaration, and the core parses and builds headers only through
+it, so nothing can drift from what readers and writers do.
 """
 
 from __future__ import annotations
@@ -19,20 +25,6 @@ MAGIC: Final = b"LLMBATCH"
 VERSION: Final = 1
 """The only format version this specification defines."""
 
-SLOT_ALIGNMENT: Final = 4096
-"""Slots are padded to a multiple of this many bytes, so every slot starts page-aligned."""
-
-HEADER_SIZE: Final = SLOT_ALIGNMENT
-"""The header occupies exactly one alignment unit; batch slots start right after it."""
-
-PAGE_SIZE: Final = SLOT_ALIGNMENT
-"""Alias of ``SLOT_ALIGNMENT``."""
-
-RESERVED_OFFSET: Final = 40
-"""First reserved byte; bytes ``40..4096`` MUST be zero in version 1."""
-
-RESERVED_SIZE: Final = HEADER_SIZE - RESERVED_OFFSET
-
 DTYPE_UINT32: Final = 0
 """The only token dtype code defined in version 1: little-endian uint32."""
 
@@ -43,10 +35,19 @@ TOKEN_BYTES: Final = TOKEN_DTYPE.itemsize
 """Bytes per token: the itemsize of ``TOKEN_DTYPE``."""
 
 U32_MAX: Final = 2**32 - 1
-U64_MAX: Final = 2**64 - 1
+"""Largest value of a ``u32`` field (and of a token)."""
 
-HEADER_STRUCT: Final = Struct(
-    "magic" / Default(Bytes(8), MAGIC),
+U64_MAX: Final = 2**64 - 1
+"""Largest value of a ``u64`` field."""
+
+SLOT_ALIGNMENT: Final = 4096
+"""Slots are padded to a multiple of this many bytes, so every slot starts page-aligned."""
+
+HEADER_SIZE: Final = SLOT_ALIGNMENT
+"""The header occupies exactly one alignment unit; batch slots start right after it."""
+
+_VALUE_FIELDS: Final = (
+    "magic" / Default(Bytes(len(MAGIC)), MAGIC),
     "version" / Default(Int32ul, VERSION),
     "batch_size" / Int32ul,
     "seq_len" / Int32ul,
@@ -54,6 +55,17 @@ HEADER_STRUCT: Final = Struct(
     "dtype" / Default(Int32ul, DTYPE_UINT32),
     "seed" / Int32ul,
     "total_records" / Int32ul,
+)
+"""The header's fields before the reserved bytes, in on-disk order: the one declaration of them."""
+
+RESERVED_OFFSET: Final = sum(field.sizeof() for field in _VALUE_FIELDS)
+"""First reserved byte: every byte from here to ``HEADER_SIZE`` MUST be zero in version 1."""
+
+RESERVED_SIZE: Final = HEADER_SIZE - RESERVED_OFFSET
+"""Length of the reserved range, which fills the header up to ``HEADER_SIZE``."""
+
+HEADER_STRUCT: Final = Struct(
+    *_VALUE_FIELDS,
     "reserved" / Default(Bytes(RESERVED_SIZE), bytes(RESERVED_SIZE)),
 )
 """The 4096-byte header, little-endian, fields at the offsets given in ``SPEC.md``.
@@ -62,17 +74,22 @@ HEADER_STRUCT: Final = Struct(
 validation can insist they are zero (``Padding`` would silently accept anything).
 """
 
-FIELD_OFFSETS: Final = {
-    "magic": 0,
-    "version": 8,
-    "batch_size": 12,
-    "seq_len": 16,
-    "num_batches": 20,
-    "dtype": 28,
-    "seed": 32,
-    "total_records": 36,
-    "reserved": RESERVED_OFFSET,
-}
+
+def _field_offsets(struct: Struct) -> dict[str, int]:
+    """Each named subcon's byte offset: the sum of the fixed sizes of the subcons before it."""
+    offsets: dict[str, int] = {}
+    at = 0
+    for sub in struct.subcons:
+        offsets[sub.name] = at
+        at += sub.sizeof()
+    return offsets
+
+
+FIELD_OFFSETS: Final = _field_offsets(HEADER_STRUCT)
+"""Byte offset of every header field (``magic`` .. ``reserved``), derived from ``HEADER_STRUCT``."""
+
+HEADER_FIELDS: Final = tuple(name for name in FIELD_OFFSETS if name not in ("magic", "reserved"))
+"""The integer header fields in on-disk order: the attributes of ``Header`` and its dict form."""
 
 
 def raw_batch_bytes(batch_size: int, seq_len: int) -> int:
@@ -103,7 +120,11 @@ def batch_offset(index: int, batch_size: int, seq_len: int) -> int:
 
 @dataclass(frozen=True)
 class Header:
-    """The decoded fields of an LLMBATCH header (magic and reserved bytes are implied)."""
+    """The decoded fields of an LLMBATCH header (magic and reserved bytes are implied).
+
+    Its attributes are exactly ``HEADER_FIELDS``; they are listed here as well because a type
+    checker needs them spelled out, and ``tests/unit/test_layout.py`` checks that the two agree.
+    """
 
     batch_size: int
     seq_len: int
@@ -134,30 +155,14 @@ class Header:
         return expected_file_size(self.batch_size, self.seq_len, self.num_batches)
 
     def as_dict(self) -> dict[str, int]:
-        """The header fields as plain integers, in on-disk order."""
-        return {
-            "version": self.version,
-            "batch_size": self.batch_size,
-            "seq_len": self.seq_len,
-            "num_batches": self.num_batches,
-            "dtype": self.dtype,
-            "seed": self.seed,
-            "total_records": self.total_records,
-        }
+        """The header fields as plain integers, in on-disk order (``HEADER_FIELDS``)."""
+        return {name: getattr(self, name) for name in HEADER_FIELDS}
 
 
 def parse_header(data: bytes) -> Header:
     """Decode the first 4096 bytes of ``data``; does not validate (see ``rules.find_violation``)."""
     obj: Any = HEADER_STRUCT.parse(data[:HEADER_SIZE])
-    return Header(
-        batch_size=obj.batch_size,
-        seq_len=obj.seq_len,
-        num_batches=obj.num_batches,
-        seed=obj.seed,
-        total_records=obj.total_records,
-        version=obj.version,
-        dtype=obj.dtype,
-    )
+    return Header(**{name: obj[name] for name in HEADER_FIELDS})
 
 
 def build_header(header: Header, *, magic: bytes = MAGIC, reserved: bytes | None = None) -> bytes:
@@ -166,18 +171,6 @@ def build_header(header: Header, *, magic: bytes = MAGIC, reserved: bytes | None
     ``magic`` and ``reserved`` exist so conformance vectors can build deliberately broken headers
     through the same declaration; writers never pass them.
     """
-    return bytes(
-        HEADER_STRUCT.build(
-            {
-                "magic": magic,
-                "version": header.version,
-                "batch_size": header.batch_size,
-                "seq_len": header.seq_len,
-                "num_batches": header.num_batches,
-                "dtype": header.dtype,
-                "seed": header.seed,
-                "total_records": header.total_records,
-                "reserved": bytes(RESERVED_SIZE) if reserved is None else reserved,
-            }
-        )
-    )
+    fields = {"magic": magic, **header.as_dict()}
+    fields["reserved"] = bytes(RESERVED_SIZE) if reserved is None else reserved
+    return bytes(HEADER_STRUCT.build(fields))

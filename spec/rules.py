@@ -74,7 +74,7 @@ def find_violation(prefix: bytes, file_size: int) -> Violation | None:
             "header",
             f"file is {have} bytes; the header alone needs {HEADER_SIZE}",
         )
-    magic = bytes(prefix[:8])
+    magic = bytes(prefix[: len(MAGIC)])
     if magic != MAGIC:
         return Violation(ErrorCode.BAD_MAGIC, "magic", f"expected {MAGIC!r}, found {magic!r}")
     header = parse_header(prefix)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 import numpy as np
+from zerobatch_spec import U32_MAX
 
 from .errors import FormatError, ZeroBatchError
 from .reader import BatchFileReader
@@ -170,7 +171,7 @@ def _seed(text: str) -> int:
         v = int(text, 0)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= v < 2**32:
+    if not 0 <= v <= U32_MAX:
         raise argparse.ArgumentTypeError(f"seed must be in [0, 2**32), got {v}")
     return v
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from zerobatch_spec import ErrorCode, Header, Violation
+from zerobatch_spec import TOKEN_BYTES, ErrorCode, Header, Violation
 
 from .errors import FormatError
 from .reader import BatchFileReader
@@ -53,7 +53,7 @@ def find_padding_violation(reader: BatchFileReader) -> Violation | None:
             batch, word = b0 + int(rows[0]), int(cols[0])
             raw = pad[rows[0], word : word + 1].tobytes()
             byte = next(i for i, v in enumerate(raw) if v)
-            offset = h.raw_batch_bytes + 4 * word + byte
+            offset = h.raw_batch_bytes + TOKEN_BYTES * word + byte
             return Violation(
                 ErrorCode.NONZERO_PADDING,
                 "padding",

@@ -87,8 +87,18 @@ from .source import (
     expand_paths,
 )
 
+# nanoGPT's own shard format: these constants describe ``.bin`` shards, not LLMBATCH files.
+HEADER_DTYPE: np.dtype[np.int32] = np.dtype("<i4")
+"""Shard header words: little-endian int32."""
 HEADER_INTS = 256
-HEADER_BYTES = HEADER_INTS * 4
+HEADER_BYTES = HEADER_INTS * HEADER_DTYPE.itemsize
+SHARD_TOKEN_DTYPES: dict[int, np.dtype[np.unsignedinteger[Any]]] = {
+    2: np.dtype("<u2"),
+    4: np.dtype("<u4"),
+}
+"""Shard token dtype for each token width ``header[3]`` may give, in bytes."""
+BOS_INDEX_DTYPE: np.dtype[np.int32] = np.dtype("<i4")
+"""``.bos.idx`` entries: little-endian int32 token positions."""
 LEGACY_MAGIC = 20240520
 """Legacy ``fineweb.py`` shards: uint16 tokens, ``header[3]`` unused."""
 MAGIC = 278895051
@@ -136,7 +146,7 @@ class BinShard:
                 f"{self.path}: field header: expected at least {HEADER_BYTES} bytes "
                 f"(int32[{HEADER_INTS}]), got a {self.file_size}-byte file (truncated shard)"
             )
-        header = np.frombuffer(raw, dtype="<i4")
+        header = np.frombuffer(raw, dtype=HEADER_DTYPE)
         self.magic = int(header[0])
         self.version = int(header[1])
         self.num_tokens = int(header[2])
@@ -151,7 +161,7 @@ class BinShard:
             )
         if self.version != VERSION:
             raise self._field_error("version (header[1])", VERSION, self.version)
-        if self.itemsize not in (2, 4):
+        if self.itemsize not in SHARD_TOKEN_DTYPES:
             raise self._field_error("itemsize (header[3])", "2 or 4 bytes per token", self.itemsize)
         if self.num_tokens < 0:
             raise self._field_error("num_tokens (header[2])", ">= 0", self.num_tokens)
@@ -164,8 +174,7 @@ class BinShard:
                 f"bytes",
                 f"{self.file_size} bytes ({state})",
             )
-        width = "<u2" if self.itemsize == 2 else "<u4"
-        self.dtype: np.dtype[np.unsignedinteger[Any]] = np.dtype(width)
+        self.dtype: np.dtype[np.unsignedinteger[Any]] = SHARD_TOKEN_DTYPES[self.itemsize]
         tokens: TokenArray
         if self.num_tokens == 0:  # an empty file region cannot be mapped
             tokens = np.zeros(0, dtype=self.dtype)
@@ -234,11 +243,13 @@ class BinShard:
         idx = self.bos_index_path
         where = f"{idx} (BOS index of {self.path})"
         size = os.path.getsize(idx)
-        if size % 4:
+        entry = BOS_INDEX_DTYPE.itemsize
+        if size % entry:
             raise IngestError(
-                f"{where}: field size: expected a multiple of 4 bytes (int32 entries), got {size}"
+                f"{where}: field size: expected a multiple of {entry} bytes (int32 entries), "
+                f"got {size}"
             )
-        pos = np.fromfile(idx, dtype="<i4").astype(np.int64)
+        pos = np.fromfile(idx, dtype=BOS_INDEX_DTYPE).astype(np.int64)
         n, target = self.num_tokens, self.dtype.type(bos)
         step = max(1, SCAN_CHUNK_BYTES // 8)
         for s in range(0, pos.size, step):  # one pass; the first bad entry is reported
