@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+from zerobatch_spec import U32_MAX, U64_MAX
 
-U32_MAX = 2**32 - 1
-U64_MAX = 2**64 - 1
+# The bounds are zerobatch_spec's; they are re-exported for the modules that check arguments.
+__all__ = ["U32_MAX", "U64_MAX", "int_arg"]
+
 _NAMED = {U32_MAX: "2**32 - 1", U64_MAX: "2**64 - 1"}
 
 
