@@ -38,8 +38,9 @@ $(FRAMEWORKS): $(BASE)
 install: $(BASE)
 	$(PIP) --no-deps -e . $(EDITABLE)
 
+# The training demo lives in examples/, outside the packages: core + PyTorch is all it needs.
 demo: install
-	$(PY) -m zerobatch_adapters.train_demo
+	$(PY) examples/train_demo.py
 
 # Benchmarks against peers and the machine's limits (peers: bash benchmarks/peers_env.sh);
 # results on this class of machine: benchmarks/RESULTS.md.
