@@ -110,7 +110,7 @@ def _child_measure(payload: dict[str, Any]) -> dict[str, Any]:
             import pyarrow.parquet  # noqa: F401
             import tokenizers  # noqa: F401
 
-            from zerobatch_core.ingest.tokenizers import load_tokenizer
+            from zerobatch_core.tokenization import load_tokenizer
 
             tok = load_tokenizer(payload["tokenizer"])
             tok.encode_batch(["A short warm-up document, 1234 tokens or so."] * 8)

@@ -8,9 +8,10 @@ from zerobatch_spec import ErrorCode, Header
 from .documents import DocumentLayout, document_layout
 from .errors import FormatError, IngestError, StateError, WriteError, ZeroBatchError
 from .ingest.convert import ConvertSummary, convert
+from .ingest.packing import pack_documents
 from .loader import BatchNativeLoader
 from .reader import BatchFileReader
-from .tokenizer import ByteTokenizer, pack_documents
+from .tokenization import ByteTokenizer
 from .validation import ValidationReport, validate_file
 from .writer import write_batch_dataset, write_batch_file
 

@@ -8,7 +8,7 @@ Two layouts are accepted:
   ``num_tokens % seq_len`` tokens are dropped. Records never straddle two files, for the same
   reasons as nanoGPT shards (``nanogpt.py``).
 
-Files are opened with ``np.load(path, mmap_mode="r", allow_pickle=False)`` and read a block at
+Files are opened with ``np.load(path, mmap_mode="r")`` and read a block at
 a time, never whole. The dtype must be an integer type (not bool); values are checked block by
 block against the uint32 range and a bad one is reported with the file, record and token (the
 writer checks too, but it cannot name the source file). Types that cannot hold an out-of-range
@@ -45,7 +45,7 @@ class ArrayFile:
     def __init__(self, path: PathLike) -> None:
         self.path = os.fspath(path)
         try:
-            loaded: Any = np.load(self.path, mmap_mode="r", allow_pickle=False)
+            loaded: Any = np.load(self.path, mmap_mode="r")
         except (OSError, ValueError, EOFError) as e:
             raise IngestError(f"{self.path}: not a readable .npy array: {e}") from e
         if not isinstance(loaded, np.ndarray):  # an .npz archive

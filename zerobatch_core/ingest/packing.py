@@ -4,9 +4,10 @@ Two modes, both marking every document start with BOS:
 
 ``pack`` (the default; nanochat's and most pre-training pipelines' choice)
     ``[bos, *doc0, bos, *doc1, ...]`` cut every ``seq_len`` tokens: documents run across record
-    boundaries, nothing is padded, and the final partial record is dropped. The records are
-    exactly those of :func:`zerobatch_core.tokenizer.pack_documents`, which yields one row at a
-    time; this yields blocks of a few MiB (what ``write_batch_dataset`` wants) and statistics.
+    boundaries, nothing is padded, and the final partial record is dropped. :func:`pack_records`
+    yields blocks of a few MiB (what ``write_batch_dataset`` wants) and statistics;
+    :func:`pack_documents` yields the same records one read-only row at a time, as soon as each
+    is complete.
 ``pad``
     One record per document: ``[bos, *doc]`` truncated to ``seq_len`` or padded with ``pad_id``
     up to it. Document boundaries and record boundaries coincide, at the cost of padding.
@@ -28,6 +29,7 @@ import numpy.typing as npt
 
 from ..arguments import U32_MAX, int_arg
 from ..errors import IngestError
+from ..tokenization.byte import BOS_ID
 from .source import U32Block, check_chunk_records, check_seq_len
 
 Mode = Literal["pack", "pad"]
@@ -128,6 +130,32 @@ def pack_records(
     k = check_chunk_records(chunk_records, n)
     stats = PackingStats(mode="pack", seq_len=n)
     return RecordBlocks(_pack(docs, n, bos, k, stats), stats)
+
+
+def pack_documents(
+    docs: Iterable[npt.ArrayLike], seq_len: int, *, bos_id: int = BOS_ID
+) -> Iterator[npt.NDArray[np.uint32]]:
+    """Pack documents into ``[seq_len]`` uint32 rows, each document prefixed with ``bos_id``.
+
+    The ``pack`` mode of :func:`pack_records` one row at a time: the rows are the concatenation
+    ``[bos, *doc0, bos, *doc1, ...]`` cut every ``seq_len`` tokens; documents run across row
+    boundaries and the final partial row is dropped. The default ``bos_id`` is
+    ``ByteTokenizer``'s. The input is consumed lazily, a row is yielded as soon as it is
+    complete, and memory stays bounded by about ``2 * seq_len`` plus the largest document. Rows
+    are read-only views that stay valid after the iterator moves on. Bad arguments raise
+    ``IngestError`` at the call, a bad document when it is reached.
+
+    >>> rows = pack_documents([np.array([97, 98, 99]), np.array([100, 101])], seq_len=3)
+    >>> [r.tolist() for r in rows]
+    [[256, 97, 98], [99, 256, 100]]
+    """
+    return _rows(pack_records(docs, seq_len, bos_id, chunk_records=1))
+
+
+def _rows(blocks: Iterable[U32Block]) -> Iterator[npt.NDArray[np.uint32]]:
+    for block in blocks:
+        block.flags.writeable = False
+        yield from block
 
 
 def _pack(

@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+from zerobatch_spec import TOKEN_BYTES
 
 from ..arguments import U32_MAX, int_arg
 from ..errors import IngestError
@@ -57,7 +58,7 @@ class RecordSource(Protocol):
 
 def default_chunk_records(seq_len: int, block_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
     """Records per block so that one ``uint32`` block is about ``block_bytes`` (at least 1)."""
-    return max(1, block_bytes // (4 * seq_len))
+    return max(1, block_bytes // (TOKEN_BYTES * seq_len))
 
 
 def check_seq_len(seq_len: object) -> int:

@@ -14,8 +14,9 @@ paths are checked before the first document is produced, so a typo fails at once
 into a job. ``pyarrow`` is only needed for parquet and is imported on first use
 (``pip install zerobatch[text]``).
 
-:class:`TextSource` chains the readers with tokenization (:mod:`.tokenizers`) and packing
-(:mod:`.packing`) into a ``RecordSource`` that ``write_batch_dataset`` consumes directly.
+:class:`TextSource` chains the readers with tokenization (:mod:`zerobatch_core.tokenization`)
+and packing (:mod:`.packing`) into a ``RecordSource`` that ``write_batch_dataset`` consumes
+directly.
 """
 
 from __future__ import annotations
@@ -27,15 +28,11 @@ from typing import Any, Literal
 
 from ..arguments import int_arg
 from ..errors import IngestError
+from ..tokenization.parallel import DEFAULT_BATCH_DOCS, tokenize_documents
+from ..tokenization.protocol import Tokenizer, import_optional
+from ..tokenization.resolve import load_tokenizer
 from .packing import Mode, PackingStats, RecordBlocks, make_records
 from .source import PathLike, Patterns, check_seq_len, expand_paths
-from .tokenizers import (
-    DEFAULT_BATCH_DOCS,
-    Tokenizer,
-    import_optional,
-    load_tokenizer,
-    tokenize_documents,
-)
 
 Format = Literal["parquet", "jsonl", "text"]
 _FORMATS: tuple[Format, ...] = ("parquet", "jsonl", "text")
@@ -174,39 +171,47 @@ def read_jsonl(paths: Patterns, field: str = "text") -> Iterator[str]:
     return _jsonl_documents(expand_paths(paths, "JSONL"), field)
 
 
+def _decoded_lines(path: str) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` for each line of a UTF-8 file, line endings kept, BOM removed.
+
+    Invalid UTF-8 raises ``IngestError`` naming the file, the line and the byte offset.
+    """
+    with open(path, "rb") as f:
+        offset = 0
+        for lineno, raw in enumerate(f, start=1):
+            yield lineno, _decode_line(raw, path, lineno, offset)
+            offset += len(raw)
+
+
 def _jsonl_documents(files: list[str], field: str) -> Iterator[str]:
     for path in files:
-        with open(path, "rb") as f:
-            offset = 0
-            for lineno, raw in enumerate(f, start=1):
-                line = _decode_line(raw, path, lineno, offset)
-                offset += len(raw)
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise IngestError(
-                        f"{path}: line {lineno}, column {e.colno}: invalid JSON: {e.msg}"
-                    ) from e
-                if not isinstance(obj, dict):
-                    raise IngestError(
-                        f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}"
-                    )
-                if field not in obj:
-                    raise IngestError(
-                        f"{path}: line {lineno}: no field {field!r} "
-                        f"(fields: {', '.join(map(str, obj))})"
-                    )
-                value = obj[field]
-                if not isinstance(value, str):
-                    raise IngestError(
-                        f"{path}: line {lineno}: field {field!r} is "
-                        f"{'null' if value is None else type(value).__name__}, expected a string"
-                    )
-                if "\\u" in line:  # only a \u escape can make a lone surrogate
-                    _check_encodable(value, f"{path}: line {lineno}: field {field!r}")
-                yield value
+        for lineno, line in _decoded_lines(path):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise IngestError(
+                    f"{path}: line {lineno}, column {e.colno}: invalid JSON: {e.msg}"
+                ) from e
+            if not isinstance(obj, dict):
+                raise IngestError(
+                    f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}"
+                )
+            if field not in obj:
+                raise IngestError(
+                    f"{path}: line {lineno}: no field {field!r} "
+                    f"(fields: {', '.join(map(str, obj))})"
+                )
+            value = obj[field]
+            if not isinstance(value, str):
+                raise IngestError(
+                    f"{path}: line {lineno}: field {field!r} is "
+                    f"{'null' if value is None else type(value).__name__}, expected a string"
+                )
+            if "\\u" in line:  # only a \u escape can make a lone surrogate
+                _check_encodable(value, f"{path}: line {lineno}: field {field!r}")
+            yield value
 
 
 # --- plain text -------------------------------------------------------------------------------
@@ -237,15 +242,11 @@ def _file_documents(files: list[str]) -> Iterator[str]:
 
 def _line_documents(files: list[str]) -> Iterator[str]:
     for path in files:
-        with open(path, "rb") as f:
-            offset = 0
-            for lineno, raw in enumerate(f, start=1):
-                line = _decode_line(raw, path, lineno, offset)
-                offset += len(raw)
-                if line.endswith("\n"):
-                    line = line[:-2] if line.endswith("\r\n") else line[:-1]
-                if line:
-                    yield line
+        for _, line in _decoded_lines(path):
+            if line.endswith("\n"):
+                line = line[:-2] if line.endswith("\r\n") else line[:-1]
+            if line:
+                yield line
 
 
 # --- any format -------------------------------------------------------------------------------
@@ -328,8 +329,9 @@ class TextSource:
     """Text files, tokenized and packed: a ``RecordSource`` for ``write_batch_dataset``.
 
     ``iter_blocks`` reads the documents (:func:`read_documents`), tokenizes them across
-    ``workers`` processes in document order (:func:`~.tokenizers.tokenize_documents`), and
-    packs or pads them (:mod:`.packing`) into ``uint32 [k, seq_len]`` blocks. The record count
+    ``workers`` processes in document order
+    (:func:`~zerobatch_core.tokenization.tokenize_documents`), and packs or pads them
+    (:mod:`.packing`) into ``uint32 [k, seq_len]`` blocks. The record count
     is known only at the end (``num_records`` is ``None``), which the streaming writer accepts::
 
         src = TextSource("data/*.parquet", "hf:tok.json?bos=<|bos|>", seq_len=2048, workers=8)
