@@ -4,9 +4,9 @@
 by a ``jax.sharding.Sharding`` (default: the batch axis split over every device). Each process
 reads from the file only the rows its own devices hold, and
 ``jax.make_array_from_process_local_data`` copies each device's rows from the host straight
-to that device, once: no device ever holds, or gathers, the whole batch. A look-ahead
-(``zerobatch_core.prefetch.Lookahead``) keeps the next ``prefetch`` batches in flight
-while the training step runs, and ``state_dict`` counts only the batches the loop received.
+to that device, once: no device ever holds, or gathers, the whole batch. The core's look-ahead
+keeps the next ``prefetch`` batches in flight while the training step runs, and ``state_dict``
+counts only the batches the loop received (``zerobatch_core.BatchStream``).
 
 Usage::
 
@@ -36,19 +36,24 @@ maps the sharding to a core ``(rank, world_size)`` and moves arrays to devices.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator, Mapping
-from types import TracebackType
-from typing import Any, Generic, Literal, NamedTuple, TypedDict, TypeVar, cast, overload
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-from zerobatch_core import BatchFileReader, BatchNativeLoader
-from zerobatch_core.distributed import rank_rows
-from zerobatch_core.loader import DEFAULT_BLOCK_SIZE, Item, iter_with_state
-from zerobatch_core.prefetch import Lookahead
+from zerobatch_core import (
+    BatchFileReader,
+    BatchStream,
+    Source,
+    Stage,
+    StreamOptions,
+    rank_rows,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "DATA_AXIS",
@@ -61,8 +66,6 @@ __all__ = [
 
 DATA_AXIS = "data"
 """Name of the 1-D mesh axis ``default_sharding`` splits the batch over."""
-
-Pair = tuple[jax.Array, jax.Array]
 
 
 class DocumentBatch(TypedDict, total=False):
@@ -80,8 +83,6 @@ class DocumentBatch(TypedDict, total=False):
     positions: jax.Array
     cu_seqlens: np.ndarray[Any, np.dtype[np.int32]]
 
-
-BatchT = TypeVar("BatchT", jax.Array, Pair, DocumentBatch)
 
 # Typed names for the JAX entry points used here (some are unannotated in JAX itself).
 _partition_spec: Callable[[str], PartitionSpec] = PartitionSpec
@@ -195,233 +196,94 @@ def process_rows(
     return ProcessRows(rank, world_size, split)
 
 
-class JaxBatchIterator(Generic[BatchT]):
-    """Iterate an LLMBATCH file as sharded int32 ``jax.Array`` batches, prefetched to devices.
+class JaxBatchIterator(BatchStream[Any]):
+    """Iterate an LLMBATCH file as sharded ``jax.Array`` batches, prefetched to the devices.
 
-    Each item is a global ``jax.Array`` ``[batch_size, seq_len]`` placed with ``sharding``
-    (default ``default_sharding()``), or with ``next_token=True`` a pair ``(inputs, labels)``
-    of ``[batch_size, seq_len - 1]`` arrays with the same sharding. Both are int32, JAX's
-    default integer width: inputs are the core's zero-copy int32 view, and labels are int32
-    as well (the core yields them as int64, as PyTorch wants; JAX would narrow them anyway
-    unless ``jax_enable_x64`` is on, and ``optax``/``jax.nn`` cross-entropy takes int32
-    labels), so inputs and labels always have one dtype. Ids of 2**31 and above wrap to
-    negative numbers, exactly like the core's int32 view.
+    Each item is a global ``jax.Array`` ``[rows, seq_len]`` placed with ``sharding`` (default
+    ``default_sharding()``), or with ``next_token=True`` a pair ``(inputs, labels)`` of
+    ``[rows, seq_len - 1]`` arrays with the same sharding, where ``rows`` is the batch size
+    (or, with ``rank``/``world_size``, that rank's share: ``rows // world_size``). Inputs and
+    labels share one dtype, ``dtype`` (int32 by default, JAX's own integer width: the core's
+    zero-copy view; ids of 2**31 and above wrap to negative numbers. ``"int64"`` needs
+    ``jax.config.update("jax_enable_x64", True)``); ``optax``/``jax.nn`` cross-entropy takes
+    int32 labels.
 
     ``bos_id`` (packed rows whose documents start with that token) makes each item a
-    ``DocumentBatch`` dict: ``tokens`` (or ``inputs`` and ``labels``, as above) plus the core's
-    document layout of the tokens (or inputs), ``segment_ids`` (1-based per row) and
-    ``positions`` (restarting at every BOS and row start), both int32 ``jax.Array``s with the
-    tokens' shape and sharding: the layout JAX attention kernels take (e.g. splash attention's
-    segment ids, RoPE positions). ``cu_seqlens`` (FlashAttention's varlen layout) is served
-    too, but as a **host NumPy** int32 array: its length (documents + 1) varies from batch to
-    batch, so it can neither be split by rows over the devices nor passed to a ``jax.jit``
-    function without a recompile per length (pad it to a fixed length first if a kernel needs
-    it on device). It covers this process's rows only, flattened in order: with several
-    processes each one derives the layout of its own rows, which is exact because segments
-    restart at every row.
+    ``DocumentBatch`` dict: ``tokens`` (or ``inputs`` and ``labels``) plus the core's document
+    layout of the tokens (or inputs), ``segment_ids`` and ``positions``, int32 ``jax.Array``s
+    with the tokens' shape and sharding (e.g. splash attention's segment ids, RoPE positions).
+    ``cu_seqlens`` (FlashAttention's varlen layout) is served as a **host NumPy** int32 array:
+    its length (documents + 1) varies from batch to batch, so it can neither be split by rows
+    over the devices nor passed to ``jax.jit`` without a recompile per length. It covers this
+    process's rows only, flattened in order (exact, since segments restart at every row).
 
-    The order, epochs and checkpoint cursor are ``BatchNativeLoader``'s: ``iter()`` serves the
-    rest of the current epoch and a new ``iter()`` after its end serves the next one;
-    ``set_epoch(e)`` starts epoch ``e`` (keeping the position if ``e`` is current). The state
-    is the core loader's, so it also resumes a core loader, and vice versa.
+    Ranks: by default the whole stored batch is the global array and the sharding alone says
+    which process reads which rows (``rank``/``world_size`` are not read from the environment:
+    under ``jax.distributed`` the processes are the sharding's). Explicit ``rank`` and
+    ``world_size`` serve that rank's share of every batch as the global array, for several
+    independent JAX programs splitting one dataset.
 
     Prefetch: right after handing out a batch, the copies of the next ``prefetch`` batches are
     dispatched (JAX copies asynchronously), so they overlap the caller's step. This happens on
     the caller's thread on purpose: on XLA's CPU backend, work dispatched from a second thread
-    while a step runs collectives can starve the collective's rendezvous and abort.
-    ``state_dict`` counts only delivered batches; starting a new pass, ``set_epoch`` and
-    ``load_state_dict`` drop what was read ahead and go back to the first undelivered batch,
-    so nothing is skipped. Starting a new pass ends the previous iterator.
+    while a step runs collectives can starve the collective's rendezvous and abort. The rest
+    of the surface (epochs, ``state_dict`` of delivered batches, ``close``) is ``BatchStream``'s.
     """
 
-    @overload
-    def __init__(
-        self: JaxBatchIterator[jax.Array],
-        path: str | os.PathLike[str] | BatchFileReader,
-        sharding: Sharding | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        shuffle: bool = True,
-        seed: int | None = None,
-        epoch: int = 0,
-        next_token: Literal[False] = False,
-        prefetch: int = 2,
-        bos_id: None = None,
-    ) -> None: ...
-
-    @overload
-    def __init__(
-        self: JaxBatchIterator[Pair],
-        path: str | os.PathLike[str] | BatchFileReader,
-        sharding: Sharding | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        shuffle: bool = True,
-        seed: int | None = None,
-        epoch: int = 0,
-        *,
-        next_token: Literal[True],
-        prefetch: int = 2,
-        bos_id: None = None,
-    ) -> None: ...
-
-    @overload
-    def __init__(
-        self: JaxBatchIterator[DocumentBatch],
-        path: str | os.PathLike[str] | BatchFileReader,
-        sharding: Sharding | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        shuffle: bool = True,
-        seed: int | None = None,
-        epoch: int = 0,
-        next_token: bool = False,
-        prefetch: int = 2,
-        *,
-        bos_id: int,
-    ) -> None: ...
-
-    @overload
-    def __init__(
-        self: JaxBatchIterator[Any],
-        path: str | os.PathLike[str] | BatchFileReader,
-        sharding: Sharding | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        shuffle: bool = True,
-        seed: int | None = None,
-        epoch: int = 0,
-        next_token: bool = False,
-        prefetch: int = 2,
-        bos_id: int | None = None,
-    ) -> None: ...
+    dtypes = ("int32", "int64")
 
     def __init__(
         self,
-        path: str | os.PathLike[str] | BatchFileReader,
+        source: Source,
+        *,
         sharding: Sharding | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        shuffle: bool = True,
-        seed: int | None = None,
-        epoch: int = 0,
-        next_token: bool = False,
-        prefetch: int = 2,
-        bos_id: int | None = None,
+        **options: Unpack[StreamOptions],
     ) -> None:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int):
-            raise TypeError(f"prefetch must be an integer, got {type(prefetch).__name__}")
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be at least 1, got {prefetch}")
-        reader = path if isinstance(path, BatchFileReader) else BatchFileReader(path)
-        try:
-            self.sharding: Sharding = default_sharding() if sharding is None else sharding
-            width = reader.seq_len - 1 if next_token else reader.seq_len
-            # The shape of every served array (inputs and labels alike with next_token).
-            self.global_shape: tuple[int, int] = (reader.batch_size, width)
-            try:
-                indices = self.sharding.addressable_devices_indices_map(self.global_shape)
-            except ValueError as e:
-                raise ValueError(
-                    f"{reader.path}: the sharding cannot split a {self.global_shape} batch "
-                    f"(batch_size {reader.batch_size} must divide evenly over its devices): {e}"
-                ) from e
-            split = process_rows(indices, self.global_shape)
-            self.rows: slice = split.rows  # the rows of every batch this process reads
-            self._loader = BatchNativeLoader(
-                reader,
-                block_size=block_size,
-                shuffle=shuffle,
-                seed=seed,
-                epoch=epoch,
-                dtype="int32",
-                rank=split.rank,
-                world_size=split.world_size,
-                next_token=next_token,
-                bos_id=bos_id,
+        if options.get("dtype") == "int64" and jax.dtypes.canonicalize_dtype(np.int64) != np.int64:
+            raise ValueError(
+                "dtype='int64' needs 64-bit JAX: jax.config.update('jax_enable_x64', True) "
+                "first, or use dtype='int32'"
             )
-        except BaseException:
-            if reader is not path:
-                reader.close()
-            raise
-        self.next_token = bool(next_token)
-        self.bos_id: int | None = self._loader.bos_id
-        self.prefetch = prefetch
-        self._prefetcher: Lookahead[Item, BatchT] | None = None
+        self.sharding: Sharding = default_sharding() if sharding is None else sharding
+        super().__init__(source, **options)
 
-    # -- host to device ----------------------------------------------------------------------
-    def _array(self, local_rows: np.ndarray[Any, Any]) -> jax.Array:
-        """One global array from this process's rows: each device gets its slice, once."""
-        return _make_array(self.sharding, local_rows, self.global_shape)
+    def _rank_world(
+        self, reader: BatchFileReader, rank: int | None, world_size: int | None, next_token: bool
+    ) -> tuple[int, int]:
+        """The rank's share of the batch, then this process's rows of it by the sharding."""
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither")
+        r, w = (0, 1) if rank is None or world_size is None else (rank, world_size)
+        share = rank_rows(reader.batch_size, r, w)
+        width = reader.seq_len - 1 if next_token else reader.seq_len
+        # The shape of every served array (inputs and labels alike with next_token).
+        self.global_shape: tuple[int, int] = (share.stop - share.start, width)
+        try:
+            indices = self.sharding.addressable_devices_indices_map(self.global_shape)
+        except ValueError as e:
+            raise ValueError(
+                f"{reader.path}: the sharding cannot split a {self.global_shape} batch (its "
+                f"{self.global_shape[0]} rows must divide evenly over its devices): {e}"
+            ) from e
+        split = process_rows(indices, self.global_shape)
+        self.rows: slice = split.rows  # the rows of the global array this process reads
+        return r * split.world_size + split.rank, w * split.world_size
 
-    def _to_device(self, item: Item) -> BatchT:
-        """Dispatch one core item's host-to-device copies (asynchronous in JAX)."""
-        if self.bos_id is not None:
-            documents: Any = self._documents(item)  # already on the devices
-            return cast("BatchT", documents)
-        if self.next_token:
-            inputs, labels = item
-            out: Any = (self._array(inputs), self._array(labels.astype(np.int32)))
-        else:
-            out = self._array(item)
-        return cast("BatchT", out)
+    def _converter(self, key: str) -> Callable[[np.ndarray[Any, Any]], Any]:
+        if key == "cu_seqlens":
+            return _host
+        dtype = np.dtype(self.dtype)
+        sharding, shape = self.sharding, self.global_shape
 
-    def _documents(self, item: dict[str, np.ndarray[Any, Any]]) -> DocumentBatch:
-        """A core ``bos_id`` dict on the devices; ``cu_seqlens`` stays on the host."""
-        out: dict[str, Any] = {
-            key: self._array(array.astype(np.int32, copy=False))  # labels: int64 -> int32
-            for key, array in item.items()
-            if key != "cu_seqlens"
-        }
-        out["cu_seqlens"] = item["cu_seqlens"]
-        return cast(DocumentBatch, out)
+        def to_devices(local_rows: np.ndarray[Any, Any]) -> jax.Array:
+            # One global array from this process's rows: each device gets its slice, once.
+            return _make_array(sharding, local_rows.astype(dtype, copy=False), shape)
 
-    # -- iteration ---------------------------------------------------------------------------
-    def _rewind(self) -> None:
-        """Stop the read-ahead and move the core cursor back to the first undelivered batch."""
-        if self._prefetcher is not None:
-            prefetcher, self._prefetcher = self._prefetcher, None
-            prefetcher.close()
-            self._loader.load_state_dict(prefetcher.state)
+        return to_devices
 
-    def __iter__(self) -> Iterator[BatchT]:
-        """Serve the rest of the current epoch, ``prefetch`` batches ahead on the devices."""
-        self._rewind()
-        self._prefetcher = Lookahead(
-            iter_with_state(self._loader), self._to_device, self.prefetch, self._loader.state_dict()
-        )
-        return self._prefetcher
+    def _stage(self) -> Stage | None:
+        return "caller"
 
-    def __len__(self) -> int:
-        """Batches per epoch."""
-        return len(self._loader)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` (a no-op if it is the current epoch of delivered batches)."""
-        self._rewind()
-        self._loader.set_epoch(epoch)
-
-    # -- checkpointing -----------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The core loader state after the last *delivered* batch (JSON-serialisable)."""
-        if self._prefetcher is not None:
-            return dict(self._prefetcher.state)
-        return self._loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume right after the batch ``state`` was saved at (a core loader state too)."""
-        self._rewind()
-        self._loader.load_state_dict(state)
-
-    # -- lifetime ----------------------------------------------------------------------------
-    def close(self) -> None:
-        """Drop the read-ahead and release the file; ``state_dict`` still works."""
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-        self._loader.reader.close()
-
-    def __enter__(self) -> JaxBatchIterator[BatchT]:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+def _host(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return array

@@ -71,3 +71,12 @@ def probe(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             return answer_query(json.load(f))
     return describe_batch_file(path)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 2:
+        print("usage: python -m zerobatch_conformance.probe PATH", file=sys.stderr)
+        raise SystemExit(2)
+    print(json.dumps(probe(sys.argv[1])))

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
-import optax  # type: ignore[import-untyped]
+import optax
 from demo_common import ModelConfig, TrainConfig, TrainResult, generate, train_loop
 from jax.sharding import NamedSharding, PartitionSpec
 from zerobatch_adapters.jax import JaxBatchIterator, default_sharding
@@ -164,6 +164,7 @@ def train_jax(path: str, model_cfg: ModelConfig, cfg: TrainConfig) -> TrainResul
         block_size=cfg.block_size,
         seed=cfg.data_seed,
         next_token=True,
+        dtype="int32",
         prefetch=2,
         sharding=data,
     ) as batches:

@@ -98,17 +98,17 @@ def train_torch(path: str, model_cfg: ModelConfig, cfg: TrainConfig) -> TrainRes
         optimizer.step()
         return float(loss.item())
 
-    dataset = TorchBatchDataset(
+    with TorchBatchDataset(
         path, block_size=cfg.block_size, seed=cfg.data_seed, next_token=True, dtype="int64"
-    )
+    ) as dataset:
 
-    def epoch_batches(epoch: int) -> TorchBatchDataset:
-        dataset.set_epoch(epoch)
-        return dataset
+        def epoch_batches(epoch: int) -> TorchBatchDataset:
+            dataset.set_epoch(epoch)
+            return dataset
 
-    model.train()
-    result = train_loop(epoch_batches, step, len(dataset), cfg)
-    model.eval()
+        model.train()
+        result = train_loop(epoch_batches, step, len(dataset), cfg)
+        model.eval()
 
     def next_logits(ids: Sequence[int]) -> npt.NDArray[np.floating[Any]]:
         with torch.no_grad():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -36,3 +37,9 @@ def require(module: str) -> Any:
     if os.environ.get("ZEROBATCH_REQUIRE_FRAMEWORKS") == "1":
         return importlib.import_module(module)
     return pytest.importorskip(module)
+
+
+def items_with_states(loader: Any) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """A core loader's items for one pass, each with the loader state right after it."""
+    for item in loader:
+        yield item, loader.state_dict()

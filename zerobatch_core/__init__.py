@@ -5,12 +5,15 @@ The public API is what ``__all__`` lists; everything else is internal.
 
 from zerobatch_spec import ErrorCode, Header
 
+from .arguments import int_arg
+from .distributed import rank_rows, resolve_rank_world
 from .documents import DocumentLayout, document_layout
 from .errors import FormatError, IngestError, StateError, WriteError, ZeroBatchError
 from .ingest.convert import ConvertSummary, convert
 from .ingest.packing import pack_documents
-from .loader import BatchNativeLoader
+from .loader import DEFAULT_BLOCK_SIZE, BatchNativeLoader, Item, OutputDType, Position
 from .reader import BatchFileReader
+from .stream import DEFAULT_DTYPE, DEFAULT_PREFETCH, BatchStream, Source, Stage, StreamOptions
 from .tokenization import ByteTokenizer
 from .validation import ValidationReport, validate_file
 from .writer import write_batch_dataset, write_batch_file
@@ -18,8 +21,12 @@ from .writer import write_batch_dataset, write_batch_file
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_DTYPE",
+    "DEFAULT_PREFETCH",
     "BatchFileReader",
     "BatchNativeLoader",
+    "BatchStream",
     "ByteTokenizer",
     "ConvertSummary",
     "DocumentLayout",
@@ -27,14 +34,23 @@ __all__ = [
     "FormatError",
     "Header",
     "IngestError",
+    "Item",
+    "OutputDType",
+    "Position",
+    "Source",
+    "Stage",
     "StateError",
+    "StreamOptions",
     "ValidationReport",
     "WriteError",
     "ZeroBatchError",
     "__version__",
     "convert",
     "document_layout",
+    "int_arg",
     "pack_documents",
+    "rank_rows",
+    "resolve_rank_world",
     "validate_file",
     "write_batch_dataset",
     "write_batch_file",

@@ -28,6 +28,7 @@ def int_arg(
         raise kind(f"{name} must be an integer, got {type(value).__name__}")
     v = int(value)
     if v < low or (high is not None and v > high):
-        upper = "" if high is None else f", {_NAMED.get(high, high)}"
-        raise error(f"{name} must be in [{low}{upper}], got {v}")
+        if high is None:
+            raise error(f"{name} must be at least {low}, got {v}")
+        raise error(f"{name} must be in [{low}, {_NAMED.get(high, high)}], got {v}")
     return v

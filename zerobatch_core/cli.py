@@ -1,4 +1,4 @@
-"""The ``zerobatch`` command line: inspect, validate, write, convert, conformance, probe, demo.
+"""The ``zerobatch`` command line: inspect, validate, write, convert, demo, and plugged-in commands.
 
 Exit status: 0 success (a valid file), 1 an invalid file or a failed check, 2 a usage error or
 a file that cannot be opened.
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+from typing import Any
 
 import numpy as np
 from zerobatch_spec import U32_MAX
@@ -84,7 +85,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_write(args: argparse.Namespace) -> int:
     try:
-        tokens = np.load(args.input, mmap_mode="r", allow_pickle=False)
+        tokens = np.load(args.input, mmap_mode="r")
     except ValueError as e:
         return _fail(f"{args.input}: not a readable .npy array: {e}", EXIT_USAGE)
     n = write_batch_file(
@@ -128,30 +129,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_conformance(args: argparse.Namespace) -> int:
-    from zerobatch_conformance.runner import command_answerer, report, run_vectors
-
-    impl = args.impl or f"{shlex.quote(sys.executable)} -m zerobatch_core probe {{path}}"
-    try:
-        answer = command_answerer(impl, timeout_s=args.timeout)
-    except ValueError as e:
-        return _fail(str(e), EXIT_USAGE)
-    kinds = frozenset(args.only.split(",")) if args.only else None
-    outcomes = run_vectors(answer, args.vectors, kinds)
-    return report(outcomes, as_json=args.json)
-
-
-def cmd_probe(args: argparse.Namespace) -> int:
-    from zerobatch_conformance.probe import probe
-
-    print(json.dumps(probe(args.path)))
-    return EXIT_OK
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .speed_demo import run_speed_demo
 
-    return run_demo(
+    return run_speed_demo(
         args.out, records=args.records, seq_len=args.seq_len, batch_size=args.batch_size
     )
 
@@ -174,6 +155,22 @@ def _seed(text: str) -> int:
     if not 0 <= v <= U32_MAX:
         raise argparse.ArgumentTypeError(f"seed must be in [0, 2**32), got {v}")
     return v
+
+
+COMMAND_PLUGINS = "zerobatch.commands"
+"""Entry-point group of packages that add subcommands (``zerobatch_conformance`` adds
+``conformance`` and ``probe``): the core finds them by name and never imports them itself."""
+
+
+def _command_plugins() -> list[Callable[[Any], None]]:
+    """The ``register(subparsers)`` functions of the installed command plugins."""
+    found = []
+    for entry in sorted(entry_points(group=COMMAND_PLUGINS), key=lambda e: e.name):
+        try:
+            found.append(entry.load())
+        except ImportError as e:  # a broken plugin must not take the core's commands down
+            print(f"zerobatch: command plugin {entry.name!r} not loaded: {e}", file=sys.stderr)
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,21 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_convert)
 
-    p = sub.add_parser("conformance", help="run the conformance vectors against an implementation")
-    p.add_argument(
-        "--impl",
-        default=None,
-        help='command with a {path} placeholder (default: this package\'s "probe")',
-    )
-    p.add_argument("--vectors", default=None, help="vector directory (default: shipped set)")
-    p.add_argument("--only", default=None, help="comma-separated kinds to run: file,query")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per invocation")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_conformance)
-
-    p = sub.add_parser("probe", help="answer one conformance vector (PROTOCOL.md)")
-    p.add_argument("path")
-    p.set_defaults(func=cmd_probe)
+    for register in _command_plugins():  # zerobatch conformance, zerobatch probe, ...
+        register(sub)
 
     p = sub.add_parser("demo", help="write a small dataset and iterate it, printing tokens/s")
     p.add_argument("--out", default="demo-output")

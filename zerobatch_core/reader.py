@@ -22,7 +22,7 @@ from zerobatch_spec import (
 )
 
 from .errors import FormatError, ZeroBatchError
-from .readahead import Readahead
+from .pages import Readahead
 
 _SIGNED_TOKEN_DTYPE = np.dtype(np.int32).newbyteorder(TOKEN_DTYPE.byteorder)
 """The token words reinterpreted as int32, in the tokens' byte order (``read_batch_int32``)."""
@@ -197,8 +197,8 @@ class BatchFileReader:
             raise ValueError(f"{self.path}: reader is closed")
         return self._slots[start:stop, self.header.batch_size * self.header.seq_len :]
 
-    def prefetch(self, start: int, stop: int) -> None:
-        """Have batches ``start..stop`` read and mapped in the background (``readahead.py``).
+    def read_ahead(self, start: int, stop: int) -> None:
+        """Have batches ``start..stop`` read and mapped in the background (``pages.Readahead``).
 
         Returns at once; a background thread reads while the caller works on earlier batches.
         """
@@ -222,9 +222,11 @@ class BatchFileReader:
         self._closed = True
         self._release()
         del self._tokens, self._tokens_i32, self._slots
-        # If the caller still holds views, the mapping is unmapped when the last one goes.
+        # If the caller still holds views, the mapping is unmapped when the last one goes:
+        # the views keep the mmap object alive, and nothing here refers to it any more.
         with contextlib.suppress(BufferError):
             self._mmap.close()
+        del self._mmap
 
     def __enter__(self) -> BatchFileReader:
         return self

@@ -126,12 +126,13 @@ def test_torch_dicts_through_dataloader_workers(packed: Path, next_token: bool) 
     # Forking after JAX or TensorFlow started threads can deadlock: use a fork server then.
     ctx = "forkserver" if {"jax", "tensorflow"} & set(sys.modules) else "fork"
     want = core_items(packed, dtype="int64", next_token=next_token)
-    ds = TorchBatchDataset(packed, next_token=next_token, bos_id=BOS, **ORDER)
+    ds = TorchBatchDataset(packed, dtype="int64", next_token=next_token, bos_id=BOS, **ORDER)
     workers = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=ctx)
     assert_items(torch_items(workers), want, dtypes=True)
 
     loader = TorchBatchLoader(
         packed,
+        dtype="int64",
         next_token=next_token,
         bos_id=BOS,
         num_workers=2,
@@ -144,7 +145,7 @@ def test_torch_dicts_through_dataloader_workers(packed: Path, next_token: bool) 
     assert all(t.device == torch.device("cpu") for item in first for t in item.values())
     state = loader.state_dict()
     batches.close()
-    resumed = TorchBatchLoader(packed, next_token=next_token, bos_id=BOS, **ORDER)
+    resumed = TorchBatchLoader(packed, dtype="int64", next_token=next_token, bos_id=BOS, **ORDER)
     resumed.load_state_dict(state)
     assert_items(torch_items(first) + torch_items(resumed), want, dtypes=True)
 
@@ -156,7 +157,7 @@ def test_torch_pin_memory_keeps_dicts(packed: Path) -> None:
 
     loader = TorchBatchLoader(packed, next_token=True, bos_id=BOS, pin_memory=True, **ORDER)
     got = list(loader)
-    assert_items(torch_items(got), core_items(packed, dtype="int64", next_token=True), True)
+    assert_items(torch_items(got), core_items(packed, dtype="int32", next_token=True), True)
     if torch.cuda.is_available():
         assert all(t.is_pinned() for item in got for t in item.values())
 
@@ -171,7 +172,7 @@ def test_jax_items_are_the_core_dicts_sharded(packed: Path, next_token: bool) ->
     sharding = default_sharding(devices[: math.gcd(len(devices), BATCH)])
     want = core_items(packed, dtype="int32", next_token=next_token)
     with JaxBatchIterator(
-        packed, sharding, next_token=next_token, bos_id=BOS, prefetch=2, **ORDER
+        packed, sharding=sharding, next_token=next_token, bos_id=BOS, prefetch=2, **ORDER
     ) as it:
         got = list(it)
     assert len(got) == len(want)
@@ -208,11 +209,18 @@ def test_tf_elements_are_the_core_dicts(packed: Path, dtype: str, next_token: bo
     assert spec["cu_seqlens"].dtype == tf.int32
     assert_items(tf_items(ds), core_items(packed, **kw), dtypes=True)
     # One rank's rows, resumed mid-epoch, over two epochs.
-    ranked = tf_dataset(
-        packed, bos_id=BOS, rank=1, world_size=4, step=3, num_epochs=2, **ORDER, **kw
-    )
     loader = BatchNativeLoader(packed, bos_id=BOS, rank=1, world_size=4, **ORDER, **kw)
     loader.load_state_dict({**loader.state_dict(), "step": 3})
+    ranked = tf_dataset(
+        packed,
+        bos_id=BOS,
+        rank=1,
+        world_size=4,
+        state=loader.state_dict(),
+        num_epochs=2,
+        **ORDER,
+        **kw,
+    )
     want = [{k: np.array(a) for k, a in item.items()} for _ in range(2) for item in loader]
     assert_items(tf_items(ranked), want, dtypes=True)
 
@@ -228,7 +236,7 @@ def test_tf_layout_for_ids_above_2_31(tmp_path: Path) -> None:
     write_batch_file(path, rows.astype(np.uint32), batch_size=4, seed=1)
     bos = high + BOS
     for next_token in (False, True):
-        ds = tf_dataset(path, bos_id=bos, next_token=next_token, block_size=2)
+        ds = tf_dataset(path, bos_id=bos, next_token=next_token, block_size=2, dtype="int64")
         loader = BatchNativeLoader(
             path, bos_id=bos, next_token=next_token, block_size=2, dtype="int64"
         )

@@ -27,10 +27,9 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from tests.helpers import require
+from tests.helpers import items_with_states, require
 from zerobatch_core import BatchNativeLoader, StateError
 from zerobatch_core.distributed import rank_rows
-from zerobatch_core.loader import iter_with_state
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 os.environ.setdefault("XLA_FLAGS", f"{DEVICE_FLAG}=8")
@@ -78,12 +77,13 @@ def run_child(script: str, *args: str, devices: int = 8) -> Any:
 
 
 def core_items(loader: BatchNativeLoader, count: int) -> list[Any]:
-    """``count`` items of the core loader across epochs, copied out of the mapping."""
+    """``count`` items of the core loader across epochs, copied out of the mapping (a pass that
+    reaches the end of its epoch is run to its end, so the cursor is in the next epoch)."""
     out: list[Any] = []
     while len(out) < count:
         for item in loader:
             out.append(tuple(np.array(a) for a in item) if isinstance(item, tuple) else item.copy())
-            if len(out) == count:
+            if len(out) == count and loader.step < len(loader):
                 break
     return out
 
@@ -185,22 +185,22 @@ class FakeSharding:
 def test_constructor_maps_the_sharding_to_the_core_rank(make_file: MakeFile) -> None:
     path = make_file(n=64, seq_len=6, batch_size=16)
     fake = cast(Any, FakeSharding({d: (2 * d, 2 * d + 2) for d in range(4, 8)}))
-    it = JaxBatchIterator(path, fake, block_size=2)
+    it = JaxBatchIterator(path, sharding=fake, block_size=2)
     assert it.rows == slice(8, 16)
-    assert it._loader.rows == slice(8, 16)  # the core reads exactly this process's rows
-    assert it._loader.batch_shape == (8, 6)
+    assert it.loader.rows == slice(8, 16)  # the core reads exactly this process's rows
+    assert it.loader.batch_shape == (8, 6)
     it.close()
     bad = cast(Any, FakeSharding({0: (0, 2), 1: (2, 4), 4: (8, 10)}))
     with pytest.raises(ValueError, match="non-contiguous"):
-        JaxBatchIterator(path, bad)
+        JaxBatchIterator(path, sharding=bad)
 
 
 def test_constructor_rejects_bad_prefetch(make_file: MakeFile) -> None:
     path = make_file(batch_size=8)
     with pytest.raises(ValueError, match="prefetch"):
-        JaxBatchIterator(path, local_sharding(), prefetch=0)
+        JaxBatchIterator(path, sharding=local_sharding(), prefetch=-1)
     with pytest.raises(TypeError, match="prefetch"):
-        JaxBatchIterator(path, local_sharding(), prefetch=cast(Any, 1.5))
+        JaxBatchIterator(path, sharding=local_sharding(), prefetch=cast(Any, 1.5))
 
 
 def test_default_sharding_splits_the_batch_axis_over_all_devices() -> None:
@@ -215,7 +215,7 @@ def test_epochs_len_and_set_epoch_follow_the_core(make_file: MakeFile) -> None:
     path = make_file(n=56, seq_len=5, batch_size=8)  # 7 batches
     sharding = local_sharding()
     kw: dict[str, Any] = {"block_size": 3, "seed": 21}
-    it = JaxBatchIterator(path, sharding, prefetch=2, **kw)
+    it = JaxBatchIterator(path, sharding=sharding, prefetch=2, **kw)
     core = BatchNativeLoader(path, dtype="int32", **kw)
     assert len(it) == len(core) == 7
     for _ in range(2):  # a new iter() after the end of an epoch serves the next one
@@ -241,7 +241,7 @@ def test_epochs_len_and_set_epoch_follow_the_core(make_file: MakeFile) -> None:
 
 def test_start_epoch_and_unshuffled(make_file: MakeFile) -> None:
     path = make_file(n=40, seq_len=4, batch_size=8)
-    it = JaxBatchIterator(path, local_sharding(), shuffle=False, epoch=3)
+    it = JaxBatchIterator(path, sharding=local_sharding(), shuffle=False, epoch=3)
     assert [int(np.asarray(b)[0, 0]) for b in it] == [
         int(b[0, 0]) for b in BatchNativeLoader(path, shuffle=False)
     ]
@@ -252,7 +252,7 @@ def test_start_epoch_and_unshuffled(make_file: MakeFile) -> None:
 def test_next_token_pairs_are_int32_and_sharded(make_file: MakeFile) -> None:
     path = make_file(n=48, seq_len=9, batch_size=8)
     sharding = local_sharding()
-    it = JaxBatchIterator(path, sharding, block_size=2, next_token=True)
+    it = JaxBatchIterator(path, sharding=sharding, block_size=2, next_token=True)
     core = BatchNativeLoader(path, block_size=2, dtype="int32", next_token=True)
     assert it.global_shape == (8, 8)
     pairs = list(it)
@@ -275,15 +275,15 @@ def test_state_dict_counts_only_delivered_batches(make_file: MakeFile) -> None:
     path = make_file(n=80, seq_len=4, batch_size=8)  # 10 batches
     sharding = local_sharding()
     kw: dict[str, Any] = {"block_size": 3, "seed": 5}
-    it = JaxBatchIterator(path, sharding, prefetch=3, **kw)
+    it = JaxBatchIterator(path, sharding=sharding, prefetch=3, **kw)
     core = BatchNativeLoader(path, dtype="int32", **kw)
-    expected = [(item.copy(), state) for item, state in iter_with_state(core)]
+    expected = [(item.copy(), state) for item, state in items_with_states(core)]
     k = 4
     stream = iter(it)
     for i in range(k):
         assert_array(next(stream), expected[i][0], sharding)
         assert it.state_dict() == expected[i][1]
-    wait_for(lambda: it._loader.step >= k + 3)  # 3 more are already in flight
+    wait_for(lambda: it.loader.step >= k + 3)  # 3 more are already in flight
     saved = json.loads(json.dumps(it.state_dict()))
     assert saved == expected[k - 1][1] and saved["step"] == k
 
@@ -295,7 +295,7 @@ def test_state_dict_counts_only_delivered_batches(make_file: MakeFile) -> None:
     assert it.state_dict() == expected[k][1]
 
     # The saved state resumes a fresh iterator, and the core loader, at batch k.
-    fresh = JaxBatchIterator(path, sharding, prefetch=1, **kw)
+    fresh = JaxBatchIterator(path, sharding=sharding, prefetch=1, **kw)
     fresh.load_state_dict(saved)
     rest = [np.asarray(b) for b in fresh]
     assert len(rest) == 10 - k
@@ -313,7 +313,7 @@ def test_state_dict_counts_only_delivered_batches(make_file: MakeFile) -> None:
 
 def test_close_stops_prefetch_and_keeps_the_state(make_file: MakeFile) -> None:
     path = make_file(n=80, seq_len=4, batch_size=8)
-    with JaxBatchIterator(path, local_sharding(), prefetch=2) as it:
+    with JaxBatchIterator(path, sharding=local_sharding(), prefetch=2) as it:
         stream: Iterator[Any] = iter(it)
         next(stream)
         next(stream)
@@ -334,7 +334,7 @@ def test_uneven_batch_over_the_devices_is_a_clear_error(make_file: MakeFile) -> 
         sharding = default_sharding(devices[:2])
         message = "cannot split"
     with pytest.raises(ValueError, match=message):
-        JaxBatchIterator(path, sharding)
+        JaxBatchIterator(path, sharding=sharding)
 
 
 # -- 8 devices, in a subprocess ----------------------------------------------------------------
@@ -357,7 +357,7 @@ checked = {}
 sharding = default_sharding()
 position = {d: k for k, d in enumerate(sharding.mesh.devices.flat)}
 for next_token in (False, True):
-    it = JaxBatchIterator(path, sharding, prefetch=2, next_token=next_token, **kw)
+    it = JaxBatchIterator(path, sharding=sharding, prefetch=2, next_token=next_token, **kw)
     whole = BatchNativeLoader(path, dtype="int32", next_token=next_token, **kw)
     ranks = [BatchNativeLoader(path, dtype="int32", next_token=next_token, rank=k, world_size=8,
                                **kw) for k in range(8)]
@@ -386,7 +386,7 @@ for next_token in (False, True):
 mesh = Mesh(np.asarray(devices).reshape(4, 2), ("data", "model"))
 for spec in (P("data"), P("data", "model")):
     sharding = NamedSharding(mesh, spec)
-    it = JaxBatchIterator(path, sharding, **kw)
+    it = JaxBatchIterator(path, sharding=sharding, **kw)
     n = 0
     for g, w in zip(it, BatchNativeLoader(path, dtype="int32", **kw), strict=True):
         assert np.array_equal(np.asarray(g), w) and g.sharding == sharding
@@ -420,7 +420,7 @@ from zerobatch_adapters.jax import JaxBatchIterator, default_sharding
 
 path, vocab = sys.argv[1], int(sys.argv[2])
 sharding = default_sharding()
-it = JaxBatchIterator(path, sharding, block_size=2, seed=3, next_token=True, prefetch=2)
+it = JaxBatchIterator(path, sharding=sharding, block_size=2, seed=3, next_token=True, prefetch=2)
 replicated = NamedSharding(sharding.mesh, P())
 k1, k2 = jax.random.split(jax.random.key(0))
 params = {"emb": 0.1 * jax.random.normal(k1, (vocab, 32)),

@@ -15,14 +15,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tests.helpers import require
+from tests.helpers import items_with_states, require
 from zerobatch_core import (
     BatchNativeLoader,
     FormatError,
     StateError,
     write_batch_file,
 )
-from zerobatch_core.loader import iter_with_state
 from zerobatch_core.order import BlockOrder
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -34,8 +33,9 @@ MakeFile = Callable[..., Path]
 
 
 def core_epochs(path: Path, epochs: int, **kwargs: Any) -> list[Any]:
-    """``epochs`` consecutive passes of the core loader, items copied out of the mapping."""
-    loader = BatchNativeLoader(path, **kwargs)
+    """``epochs`` consecutive passes of the core loader, items copied out of the mapping
+    (``dtype`` defaults to the adapters' default, int32)."""
+    loader = BatchNativeLoader(path, **{"dtype": "int32", **kwargs})
     out: list[Any] = []
     for _ in range(epochs):
         for item in loader:
@@ -90,8 +90,8 @@ def test_three_epochs_match_core(
 
 def test_default_seed_is_the_headers_and_epoch_argument(make_file: MakeFile) -> None:
     path = make_file(seed=99)
-    got = as_numpy(tf_dataset(path, block_size=2, epoch=5, num_epochs=2, prefetch=False))
-    assert_same(got, core_epochs(path, 2, block_size=2, epoch=5, dtype="int64"))
+    got = as_numpy(tf_dataset(path, block_size=2, epoch=5, num_epochs=2, prefetch=0))
+    assert_same(got, core_epochs(path, 2, block_size=2, epoch=5))
 
 
 def test_next_token_pairs(make_file: MakeFile) -> None:
@@ -124,7 +124,7 @@ def test_ranks_split_rows_and_cover_every_row_once(make_file: MakeFile, world_si
         ds = tf_dataset(path, block_size=3, rank=rank, world_size=world_size)
         assert ds.element_spec.shape == (4 // world_size, 8)
         got = as_numpy(ds)
-        kw = {"block_size": 3, "rank": rank, "world_size": world_size, "dtype": "int64"}
+        kw = {"block_size": 3, "rank": rank, "world_size": world_size}
         assert_same(got, core_epochs(path, 1, **kw))
         firsts.extend(int(row[0]) // 8 for batch in got for row in batch)
     assert sorted(firsts) == list(range(40))  # row i starts with token i * seq_len
@@ -135,7 +135,7 @@ def test_rank_and_world_from_environment(make_file: MakeFile, monkeypatch: Any) 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     got = as_numpy(tf_dataset(path, block_size=3))
-    assert_same(got, core_epochs(path, 1, block_size=3, rank=1, world_size=2, dtype="int64"))
+    assert_same(got, core_epochs(path, 1, block_size=3, rank=1, world_size=2))
     with pytest.raises(ValueError, match="both"):
         tf_dataset(path, rank=0)
 
@@ -146,22 +146,19 @@ def test_resume_from_core_state_equals_tail(make_file: MakeFile, consumed: int) 
     kw: dict[str, Any] = {"block_size": 3, "dtype": "int64"}
     full = core_epochs(path, 3, **kw)
     loader = BatchNativeLoader(path, **kw)
-    states = [state for _ in range(3) for _item, state in iter_with_state(loader)]
+    states = [state for _ in range(3) for _item, state in items_with_states(loader)]
     state = states[consumed - 1]  # the cursor right after the consumed-th item
-    remaining = 3 - state["epoch"]
-    ds = tf_dataset(path, state=state, num_epochs=remaining, block_size=3)
+    served = state["epoch"] + (state["step"] >= 10)  # a served epoch (pass open) is done
+    ds = tf_dataset(path, state=state, num_epochs=3 - served, **kw)
     assert len(ds) == 30 - consumed
     assert_same(as_numpy(ds), full[consumed:])
-    by_cursor = tf_dataset(
-        path, epoch=state["epoch"], step=state["step"], num_epochs=remaining, block_size=3
-    )
-    assert_same(as_numpy(by_cursor), full[consumed:])
 
 
 def test_finished_epoch_state_resumes_at_next_epoch(make_file: MakeFile) -> None:
     path = make_file()
-    got = as_numpy(tf_dataset(path, block_size=3, epoch=0, step=10))
-    assert_same(got, core_epochs(path, 2, block_size=3, dtype="int64")[10:])
+    state = dict(BatchNativeLoader(path, block_size=3).state_dict(), step=10)
+    got = as_numpy(tf_dataset(path, block_size=3, state=state))
+    assert_same(got, core_epochs(path, 2, block_size=3)[10:])
 
 
 def test_bad_states_and_arguments_are_rejected(make_file: MakeFile) -> None:
@@ -169,12 +166,10 @@ def test_bad_states_and_arguments_are_rejected(make_file: MakeFile) -> None:
     state = BatchNativeLoader(path, block_size=3).state_dict()
     with pytest.raises(StateError, match="block_size"):
         tf_dataset(path, block_size=4, state=state)
-    with pytest.raises(ValueError, match="not both"):
-        tf_dataset(path, block_size=3, state=state, step=2)
     with pytest.raises(StateError, match="step"):
-        tf_dataset(path, step=11)
+        tf_dataset(path, block_size=3, state=dict(state, step=11))
     with pytest.raises(ValueError, match="dtype"):
-        tf_dataset(path, dtype="uint32")  # type: ignore[arg-type]
+        tf_dataset(path, dtype="uint32")
     with pytest.raises(ValueError, match="num_epochs"):
         tf_dataset(path, num_epochs=-1)
     with pytest.raises(ValueError, match="evenly"):
@@ -192,9 +187,10 @@ def test_repeat_forever_and_spans_computed_once_per_epoch(
         return spans(self, epoch, start)
 
     path = make_file()
-    expected = core_epochs(path, 4, block_size=3, dtype="int64", epoch=2)[4:35]
+    expected = core_epochs(path, 4, block_size=3, epoch=2)[4:35]
+    state = dict(BatchNativeLoader(path, block_size=3, epoch=2).state_dict(), step=4)
     monkeypatch.setattr(BlockOrder, "spans", counting)
-    ds = tf_dataset(path, block_size=3, num_epochs=None, epoch=2, step=4, prefetch=False)
+    ds = tf_dataset(path, block_size=3, num_epochs=None, state=state, prefetch=0)
     assert ds.cardinality() == tf.data.INFINITE_CARDINALITY
     got = as_numpy(ds.take(6 + 10 + 10 + 5))
     assert_same(got, expected)
@@ -223,7 +219,7 @@ def test_keras_fit_next_token(tmp_path: Path) -> None:
     ds = tf_dataset(path, block_size=2, num_epochs=None, next_token=True)
     model = keras.Sequential(
         [
-            keras.Input((16,), dtype="int64"),
+            keras.Input((16,), dtype="int32"),
             keras.layers.Embedding(64, 8),
             keras.layers.Dense(64),
         ]

@@ -233,8 +233,8 @@ def test_bad_arguments_say_what_is_wrong(make_file: MakeFile) -> None:
         TorchBatchLoader(path, num_workers=-1)
     with pytest.raises(TypeError, match="num_workers must be an integer"):
         TorchBatchLoader(path, num_workers=1.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="prefetch must be at least 1"):
-        TorchBatchLoader(path, prefetch=0)
+    with pytest.raises(ValueError, match="prefetch must be at least 0"):
+        TorchBatchLoader(path, prefetch=-1)
     with pytest.raises(RuntimeError):
         TorchBatchLoader(path, device="no-such-device")
     worker_state = BatchNativeLoader(path, **ORDER)

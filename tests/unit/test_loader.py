@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from zerobatch_spec import epoch_key, epoch_order
 
-from zerobatch_core import BatchFileReader, BatchNativeLoader, StateError
+from tests.helpers import records
+from zerobatch_core import BatchFileReader, BatchNativeLoader, StateError, write_batch_file
 from zerobatch_core.order import BlockOrder
 
 
@@ -99,12 +100,36 @@ def test_state_round_trip_resumes_exactly(make_file: Callable[..., Path]) -> Non
 
 def test_state_after_last_batch_is_start_of_next_epoch(make_file: Callable[..., Path]) -> None:
     loader = BatchNativeLoader(make_file(n=8, batch_size=4))
-    list(loader)
+    list(loader)  # the pass ran to its end
     s = loader.state_dict()
     assert (s["epoch"], s["step"]) == (1, 0)
-    s["epoch"], s["step"] = 0, 2  # an equivalent spelling of the same cursor
-    loader.load_state_dict(s)
-    assert (loader.epoch, loader.step) == (1, 0)
+
+
+def test_a_served_epoch_whose_pass_is_open_resumes_inside_that_pass(
+    make_file: Callable[..., Path],
+) -> None:
+    """After the last batch, before the pass ends, the cursor is ``(e, num_batches)``.
+
+    A loader restored from that state finishes the open pass (nothing is left to serve) and
+    then serves epoch ``e + 1``: the same batches, and the same passes, as the run it came from.
+    """
+    path = make_file(n=16, batch_size=4)  # 4 batches
+    whole = BatchNativeLoader(path, block_size=2)
+    e0, e1 = first_tokens(list(whole)), first_tokens(list(whole))
+    loader = BatchNativeLoader(path, block_size=2)
+    it = iter(loader)
+    got = first_tokens([next(it) for _ in range(4)])
+    s = loader.state_dict()
+    assert (s["epoch"], s["step"]) == (0, 4) and loader.epoch == 0
+    assert next(it, None) is None and loader.position == (1, 0)  # the pass ends
+    resumed = BatchNativeLoader(path, block_size=2)
+    resumed.load_state_dict(s)
+    assert list(resumed) == [] and resumed.position == (1, 0)  # the rest of the open pass
+    assert got + first_tokens(list(resumed)) == e0 + e1
+    again = BatchNativeLoader(path, block_size=2)
+    again.load_state_dict(s)
+    again.set_epoch(1)  # an epoch loop moves on explicitly
+    assert first_tokens(list(again)) == e1
 
 
 def test_epoch_after_the_last_u64_epoch_wraps_to_zero(make_file: Callable[..., Path]) -> None:
@@ -112,10 +137,9 @@ def test_epoch_after_the_last_u64_epoch_wraps_to_zero(make_file: Callable[..., P
     loader = BatchNativeLoader(make_file(n=8, batch_size=4), epoch=last)
     list(loader)
     assert (loader.epoch, loader.step) == (0, 0)
-    s = loader.state_dict()
-    s["epoch"], s["step"] = last, 2  # a finished last epoch, spelled as the spec allows
+    s = dict(loader.state_dict(), epoch=last, step=2)  # the last epoch served, its pass open
     loader.load_state_dict(s)
-    assert (loader.epoch, loader.step) == (0, 0)
+    assert list(loader) == [] and (loader.epoch, loader.step) == (0, 0)
 
 
 def test_mismatched_states_are_rejected(make_file: Callable[..., Path]) -> None:
@@ -163,3 +187,24 @@ def test_block_order_spans_resume_from_any_step(n: int, bs: int, shuffle: bool) 
     full = order.epoch_order(2).tolist()
     for start in range(n + 1):
         assert list(order.indices(2, start)) == full[start:]
+
+
+def test_spec_cursor_example_is_what_state_dict_returns(tmp_path: Path) -> None:
+    """SPEC.md section 10's cursor JSON, and the two end-of-epoch forms it names."""
+    spec = (Path(__file__).resolve().parents[2] / "spec" / "SPEC.md").read_text()
+    example = spec[spec.index("**Cursor.**") :]
+    block = example[example.index("```json") + len("```json") : example.index("```\n", 10)]
+    path = tmp_path / "cursor.batch"
+    write_batch_file(path, records(20, 4), batch_size=2, seed=42)
+    loader = BatchNativeLoader(path, block_size=3)
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    assert loader.state_dict() == json.loads(block)
+    resumed = BatchNativeLoader(path, block_size=3)
+    resumed.load_state_dict(json.loads(block))
+    np.testing.assert_array_equal(next(iter(resumed)), resumed.reader.read_batch(3))
+    for _ in range(6):
+        next(it)
+    assert (loader.epoch, loader.step) == (0, 10)
+    assert next(it, None) is None and (loader.epoch, loader.step) == (1, 0)

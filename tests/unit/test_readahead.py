@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from zerobatch_core import BatchFileReader, BatchNativeLoader
-from zerobatch_core.readahead import Readahead
+from zerobatch_core.pages import Readahead
 
 pytestmark = pytest.mark.skipif(not Readahead.available(), reason="no posix_fadvise here")
 
@@ -49,7 +49,7 @@ def test_readers_release_their_descriptor_on_close_and_on_drop(
     loader.reader.close()
     assert open_fds() == before
     dropped = BatchFileReader(path)
-    dropped.prefetch(0, 4)
+    dropped.read_ahead(0, 4)
     del dropped
     gc.collect()
     assert open_fds() == before

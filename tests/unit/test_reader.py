@@ -111,8 +111,8 @@ def test_pickles_by_path_for_worker_processes(make_file: Callable[..., Path]) ->
         clone.close()
 
 
-def test_prefetch_is_harmless(make_file: Callable[..., Path]) -> None:
+def test_read_ahead_is_harmless(make_file: Callable[..., Path]) -> None:
     with BatchFileReader(make_file()) as r:
-        r.prefetch(0, len(r))
-        r.prefetch(5, 100)
-        r.prefetch(3, 3)
+        r.read_ahead(0, len(r))
+        r.read_ahead(5, 100)
+        r.read_ahead(3, 3)

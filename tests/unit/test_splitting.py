@@ -12,8 +12,6 @@ import pytest
 
 from zerobatch_core import BatchNativeLoader, StateError
 from zerobatch_core.distributed import env_rank_world, rank_rows, resolve_rank_world
-from zerobatch_core.loader import iter_with_state
-from zerobatch_core.prefetch import Prefetcher
 
 
 def rows_of(item: np.ndarray) -> list[int]:
@@ -112,34 +110,3 @@ def test_resume_with_a_different_world_size(make_file: Callable[..., Path]) -> N
     rest = [sorted(r for b in step for r in rows_of(b)) for step in zip(*four, strict=True)]
     whole = [sorted(rows_of(b)) for b in BatchNativeLoader(path)]
     assert first + rest == whole
-
-
-def test_prefetcher_delivers_in_order_with_state(make_file: Callable[..., Path]) -> None:
-    loader = BatchNativeLoader(make_file(), block_size=2)
-    want = [rows_of(b) for b in BatchNativeLoader(make_file(name="g.batch"), block_size=2)]
-    p = Prefetcher(iter_with_state(loader), lambda b: rows_of(b), 3, loader.state_dict())
-    assert p.state["step"] == 0
-    got = [next(p)]
-    assert p.state["step"] == 1  # state follows delivery, not the read-ahead
-    got += list(p)
-    assert got == want
-
-
-def test_prefetcher_reraises_and_stops() -> None:
-    def boom(x: int) -> int:
-        if x == 2:
-            raise RuntimeError("bad item")
-        return x
-
-    src = ((i, {"i": i}) for i in range(5))
-    p = Prefetcher(src, boom, 2, {})
-    assert next(p) == 0 and next(p) == 1
-    with pytest.raises(RuntimeError, match="bad item"):
-        next(p)
-    with pytest.raises(StopIteration):
-        next(p)
-    endless = ((i, {}) for i in iter(int, 1))
-    q = Prefetcher(endless, lambda x: x, 2, {})
-    next(q)
-    q.close()
-    assert not q._thread.is_alive()

@@ -1,4 +1,7 @@
-"""``zerobatch demo``: write a small dataset, then iterate it and report the loader's speed."""
+"""``zerobatch demo``: write a small synthetic dataset, then time the core loader over it.
+
+A speed check of the bare loader on this machine; the training demo lives in ``examples/``.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ def _synthetic_records(
         yield rng.integers(0, 50_257, size=(n, seq_len), dtype=np.uint32)
 
 
-def run_demo(out_dir: str, records: int = 20_000, seq_len: int = 512, batch_size: int = 32) -> int:
+def run_speed_demo(
+    out_dir: str, records: int = 20_000, seq_len: int = 512, batch_size: int = 32
+) -> int:
     """Write ``records`` synthetic records to ``out_dir/demo.batch`` and time two epochs."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "demo.batch")
