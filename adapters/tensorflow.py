@@ -51,8 +51,8 @@ _TF_DTYPES: dict[str, Any] = {"int32": tf.int32, "int64": tf.int64}
 class TFBatchDataset(BatchStream[Any]):
     """An LLMBATCH file as ``tf.data`` elements, in ``BatchNativeLoader``'s order.
 
-    The arguments are ``zerobatch_core.BatchStream``'s (``prefetch`` becomes the pipeline's
-    ``prefetch`` buffer; ``0`` adds none). The file is opened and validated first, so a broken
+    The arguments are ``zerobatch_core.BatchStream``'s (``prefetch``: any positive value adds
+    a ``prefetch`` stage whose buffer tf.data tunes itself; ``0`` adds none). The file is opened and validated first, so a broken
     file raises ``zerobatch_core.FormatError`` before any TensorFlow op runs. Elements are the
     rank's rows ``[B // world_size, T]`` in ``dtype`` (int32 bit-cast, or int64
     zero-extended), ``(inputs, labels)`` with ``next_token`` (labels always int64, exact for
@@ -137,7 +137,8 @@ class TFBatchDataset(BatchStream[Any]):
             .map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             .apply(tf.data.experimental.assert_cardinality(total))
         )
-        return ds.prefetch(self.prefetch) if self.prefetch else ds
+        # tf.data tunes its own buffer (AUTOTUNE), which measured faster than a fixed depth.
+        return ds.prefetch(tf.data.AUTOTUNE) if self.prefetch else ds
 
 
 def tf_dataset(

@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -74,6 +75,8 @@ def _ignore_readonly_warning() -> None:
 
 
 _ignore_readonly_warning()
+_READONLY_PROBE = np.zeros(1, dtype=np.int32)
+_READONLY_PROBE.flags.writeable = False
 
 
 class NextTokenBatch(NamedTuple):
@@ -112,13 +115,16 @@ class _TorchStream(BatchStream[TorchItem]):
         return None
 
     def _converter(self, key: str) -> Callable[[Any], torch.Tensor]:
-        return _tensor
+        return torch.from_numpy
 
     def _pair(self, inputs: Any, labels: Any) -> NextTokenBatch:
         return NextTokenBatch(inputs, labels)
 
     def __iter__(self) -> Iterator[TorchItem]:
         _ignore_readonly_warning()
+        # PyTorch warns about a read-only array once per process: take that warning here,
+        # where the filter above applies, so the per-batch conversions can stay bare calls.
+        torch.from_numpy(_READONLY_PROBE)
         return super().__iter__()
 
 
@@ -218,11 +224,6 @@ def _can_pin() -> bool:
         "pin_memory=True but no accelerator is found: batches are not pinned", stacklevel=3
     )
     return False
-
-
-def _tensor(array: Any) -> torch.Tensor:
-    """``torch.from_numpy``, called from this module (where the read-only warning is filtered)."""
-    return torch.from_numpy(array)
 
 
 def _map_tensors(item: TorchItem, fn: Callable[[torch.Tensor], torch.Tensor]) -> TorchItem:

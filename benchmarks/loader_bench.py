@@ -374,7 +374,9 @@ def _make_iter(system: str, out: Path) -> Any:
     if system == "zb_torch_loader_w2":
         from zerobatch_adapters.torch import TorchBatchLoader
 
-        return lambda trial: TorchBatchLoader(f["batch"], epoch=trial, num_workers=2)
+        return lambda trial: TorchBatchLoader(
+            f["batch"], epoch=trial, dtype="int64", num_workers=2
+        )
     if system == "zb_jax_8dev":
         from zerobatch_adapters.jax import JaxBatchIterator
 
@@ -385,7 +387,7 @@ def _make_iter(system: str, out: Path) -> Any:
     if system == "zb_tf_int64":
         from zerobatch_adapters.tensorflow import tf_dataset
 
-        return lambda trial: tf_dataset(f["batch"], epoch=trial)
+        return lambda trial: tf_dataset(f["batch"], epoch=trial, dtype="int64")
     if system in ("floor_tf_data", "floor_jax_put"):
         return _floor(system, f["batch"])
     if system == "nanogpt_get_batch":

@@ -40,3 +40,28 @@ class IngestError(ZeroBatchError, ValueError):
     The message names the file and the position in it (row group, line, byte offset) so that a
     bad record in a large corpus can be found without re-running the ingestion.
     """
+
+
+class ZeroBatchIOError(ZeroBatchError, OSError):
+    """An operating-system error (disk full, permission denied, a vanished file) while ZeroBatch
+    read or wrote ``path``.
+
+    Still an ``OSError`` (``errno`` and ``filename`` are set), so existing ``except OSError``
+    handlers keep working; the message says which path and, where it helps (``ENOSPC``), how
+    many bytes the operation needed.
+    """
+
+    def __init__(self, errno: int, message: str, path: str | os.PathLike[str]) -> None:
+        super().__init__(errno, message, os.fspath(path))
+
+
+class MissingDependencyError(ZeroBatchError, ImportError):
+    """An optional dependency is not installed; ``extra`` is the ``pip install zerobatch[...]``
+    extra that provides it."""
+
+    def __init__(self, module: str, extra: str, what: str) -> None:
+        self.module, self.extra = module, extra
+        super().__init__(
+            f"{what} needs the optional dependency {module!r}: pip install 'zerobatch[{extra}]'",
+            name=module,
+        )
