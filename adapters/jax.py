@@ -46,10 +46,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from zerobatch_core import (
     BatchFileReader,
     BatchStream,
+    DatasetReader,
+    Layout,
+    Slicing,
     Source,
     Stage,
     StreamOptions,
     rank_rows,
+    resolve_rank_world,
 )
 
 if TYPE_CHECKING:
@@ -247,17 +251,25 @@ class JaxBatchIterator(BatchStream[Any]):
         self.sharding: Sharding = default_sharding() if sharding is None else sharding
         super().__init__(source, **options)
 
-    def _rank_world(
-        self, reader: BatchFileReader, rank: int | None, world_size: int | None, next_token: bool
-    ) -> tuple[int, int]:
-        """The rank's share of the batch, then this process's rows of it by the sharding."""
-        if (rank is None) != (world_size is None):
-            raise ValueError("give both rank and world_size, or neither")
-        r, w = (0, 1) if rank is None or world_size is None else (rank, world_size)
-        share = rank_rows(reader.batch_size, r, w)
+    def _slicing(
+        self,
+        reader: BatchFileReader | DatasetReader,
+        layout: Layout,
+        next_token: bool,
+        global_batch_size: int | None,
+    ) -> Slicing:
+        """The rank's share of the step, then this process's rows of it by the sharding."""
+        r, w = resolve_rank_world(layout.rank, layout.world_size, (0, 1), environment=False)
+        c, size = resolve_rank_world(
+            layout.context_rank, layout.context_size, (0, 1), environment=False
+        )
+        g = reader.batch_size if global_batch_size is None else global_batch_size
+        share = Slicing(r, w, c, size, 1, layout.zigzag)
         width = reader.seq_len - 1 if next_token else reader.seq_len
+        share.check(g, reader.batch_size, width)
+        columns = sum(hi - lo for lo, hi in share.columns(width))
         # The shape of every served array (inputs and labels alike with next_token).
-        self.global_shape: tuple[int, int] = (share.stop - share.start, width)
+        self.global_shape: tuple[int, int] = (share.samples_per_step(g), columns)
         try:
             indices = self.sharding.addressable_devices_indices_map(self.global_shape)
         except ValueError as e:
@@ -267,7 +279,9 @@ class JaxBatchIterator(BatchStream[Any]):
             ) from e
         split = process_rows(indices, self.global_shape)
         self.rows: slice = split.rows  # the rows of the global array this process reads
-        return r * split.world_size + split.rank, w * split.world_size
+        return Slicing(
+            r * split.world_size + split.rank, w * split.world_size, c, size, 1, share.zigzag
+        )
 
     def _converter(self, key: str) -> Callable[[np.ndarray[Any, Any]], Any]:
         if key == "cu_seqlens":

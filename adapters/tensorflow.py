@@ -33,15 +33,24 @@ like the core's int32 view); use ``"int64"`` for vocabularies that large.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
-from zerobatch_spec import U64_MAX, batch_offset
+from zerobatch_spec import U64_MAX, batch_offset, expected_file_size
 
-from zerobatch_core import BatchStream, Item, Source, int_arg
+from zerobatch_core import (
+    BatchFileReader,
+    BatchStream,
+    DatasetReader,
+    Item,
+    Position,
+    Source,
+    int_arg,
+)
 
 __all__ = ["TFBatchDataset", "tf_dataset"]
 
@@ -49,20 +58,36 @@ _TF_DTYPES: dict[str, Any] = {"int32": tf.int32, "int64": tf.int64}
 
 
 class TFBatchDataset(BatchStream[Any]):
-    """An LLMBATCH file as ``tf.data`` elements, in ``BatchNativeLoader``'s order.
+    """A file's or a dataset's batches as ``tf.data`` elements, in ``BatchNativeLoader``'s order.
 
-    The arguments are ``zerobatch_core.BatchStream``'s (``prefetch``: any positive value adds
-    a ``prefetch`` stage whose buffer tf.data tunes itself; ``0`` adds none). The file is opened and validated first, so a broken
-    file raises ``zerobatch_core.FormatError`` before any TensorFlow op runs. Elements are the
-    rank's rows ``[B // world_size, T]`` in ``dtype`` (int32 bit-cast, or int64
-    zero-extended), ``(inputs, labels)`` with ``next_token`` (labels always int64, exact for
-    every uint32 id), or a dict with ``bos_id``. Shapes are static (``cu_seqlens`` excepted).
+    The arguments are ``zerobatch_core.BatchStream``'s (``prefetch``: any positive value adds a
+    ``prefetch`` stage whose buffer tf.data tunes itself; ``0`` adds none). The source is
+    opened and validated first, so a broken file raises ``zerobatch_core.FormatError`` before
+    any TensorFlow op runs. Elements are the rank's share ``[G // world_size, width]`` in
+    ``dtype`` (int32 bit-cast, or int64 zero-extended), ``(inputs, labels)`` with
+    ``next_token`` (labels always int64, exact for every uint32 id), or a dict with
+    ``bos_id``. Shapes are static (``cu_seqlens`` excepted).
+
+    The pipeline reads with TensorFlow's own record reader when each step is one stored batch
+    and one contiguous token range, with nothing skipped and no checksum to check (a file, or a
+    dataset with ``verify="off"``); otherwise (several stored batches per step, zig-zag chunks,
+    ``skip_steps``, checksum verification) elements come from the core loader through
+    ``tf.data.Dataset.from_generator``: the same elements, with Python in the loop.
     """
 
     dtypes = ("int32", "int64")
 
-    def _produce(self, convert: Callable[[Item], Any]) -> Iterator[Any]:
-        return iter(self._pipeline(1, finish_open_pass=True))
+    def _native(self) -> bool:
+        loader = self.loader
+        verified = isinstance(loader.source, DatasetReader) and loader.source.verify != "off"
+        simple = loader.global_batch_size == loader.source.batch_size
+        return simple and len(loader.columns) == 1 and not loader.skip_steps and not verified
+
+    def _produce(self, convert: Callable[[Item], Any]) -> Iterator[Any] | None:
+        return iter(self._pipeline(1, finish_open_pass=True)) if self._native() else None
+
+    def _converter(self, key: str) -> Callable[[Any], Any]:
+        return _tensor
 
     def dataset(self, num_epochs: int | None = 1) -> Any:
         """A ``tf.data.Dataset`` of ``num_epochs`` epochs from the cursor (``None``: for ever).
@@ -74,63 +99,96 @@ class TFBatchDataset(BatchStream[Any]):
         ``fit(ds, epochs=N, steps_per_epoch=len(data))`` so each Keras epoch is the next one.
         """
         count = None if num_epochs is None else int_arg("num_epochs", num_epochs, 0)
-        return self._pipeline(count, finish_open_pass=False)
+        if self._native():
+            return self._pipeline(count, finish_open_pass=False)
+        return self._generated(count)
+
+    def _epochs(self, num_epochs: int | None, first_step: int, steps: int) -> tuple[Any, Any]:
+        """The epoch counter dataset and the cardinality of ``num_epochs`` epochs."""
+        if steps == 0 or num_epochs == 0:
+            return tf.data.Dataset.range(0), 0
+        if num_epochs is None:
+            return tf.data.Dataset.counter(), tf.data.INFINITE_CARDINALITY
+        return tf.data.Dataset.range(num_epochs), steps - first_step + (num_epochs - 1) * steps
+
+    def _generated(self, num_epochs: int | None) -> Any:
+        """The core loader's items through ``from_generator`` (any layout, checksums checked)."""
+        start = self.loader.copy()
+        start.seek(start.next_pass(self.position))
+        convert = self._item_converter()
+
+        def items() -> Iterator[Any]:
+            loader = start.copy()
+            for _ in itertools.count() if num_epochs is None else range(num_epochs):
+                yield from map(convert, loader)
+
+        example = next(iter(start.copy()), None) if len(start) else None
+        if example is None:
+            return tf.data.Dataset.range(0)
+        spec = tf.nest.map_structure(_spec, convert(example))
+        if num_epochs is None:
+            total = tf.data.INFINITE_CARDINALITY
+        else:
+            e, first = start.position
+            total = sum(
+                start.served(Position((e + k) & U64_MAX, first if k == 0 else 0))
+                for k in range(num_epochs)
+            )
+        ds = tf.data.Dataset.from_generator(items, output_signature=spec)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(total))
+        return ds.prefetch(tf.data.AUTOTUNE) if self.prefetch else ds
 
     def _pipeline(self, num_epochs: int | None, *, finish_open_pass: bool) -> Any:
         loader = self.loader
         position = self.position
         if not finish_open_pass:
             position = loader.next_pass(position)
-        h = loader.reader.header
+        source = loader.source
         first_epoch, first_step = position
-        n, seq_len = h.num_batches, h.seq_len
+        n, batch_size, seq_len = source.num_batches, source.batch_size, source.seq_len
         rows, order, bos = loader.rows, loader.order, loader.bos_id
+        lo, hi = loader.columns[0]
         next_token, out_dtype = loader.next_token, _TF_DTYPES[self.dtype]
-        filename = loader.reader.path
+        files, slot_bytes, locate = _slot_locator(source)
 
         def slot_ranges(index: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-            """``[spans, 2]``: the file bytes before and after each span of slots of epoch
-            ``first_epoch + index``, in serving order. Epoch numbers are u64 and stay in
-            Python: the graph only counts epochs from 0."""
+            """``[spans, 3]``: the file, and its bytes before and after, of each span of slots
+            of epoch ``first_epoch + index``, in serving order (a span never crosses a shard).
+            Epoch numbers are u64 and stay in Python: the graph only counts epochs from 0."""
             i = int(index)
             spans = order.spans((first_epoch + i) & U64_MAX, first_step if i == 0 else 0)
-            b, t = h.batch_size, seq_len
-            flat = [
-                bound
-                for s in spans
-                for bound in (batch_offset(s.start, b, t), h.file_size - batch_offset(s.stop, b, t))
-            ]
-            return np.asarray(flat, dtype=np.int64).reshape(-1, 2)
+            flat = [bound for s in spans for bound in locate(s.start, s.stop)]
+            return np.asarray(flat, dtype=np.int64).reshape(-1, 3)
 
         def epoch_spans(index: Any) -> Any:
             ranges = tf.numpy_function(slot_ranges, [index], tf.int64, stateful=False)
-            ranges.set_shape([None, 2])
+            ranges.set_shape([None, 3])
             return tf.data.Dataset.from_tensor_slices(ranges)
 
         def read_span(span: Any) -> Any:
             """The span's slots, one record per slot, as raw bytes."""
             return tf.data.FixedLengthRecordDataset(
-                filename, h.padded_batch_bytes, header_bytes=span[0], footer_bytes=span[1]
+                tf.gather(files, span[0]), slot_bytes, header_bytes=span[1], footer_bytes=span[2]
             )
+
+        extra = 1 if next_token else 0
 
         def decode(record: Any) -> Any:
             # decode_raw has no uint32: read the little-endian words as int32 (the same bits).
             words = tf.io.decode_raw(record, tf.int32, little_endian=True)
             tokens = words[rows.start * seq_len : rows.stop * seq_len]
-            mine = tf.reshape(tokens, [rows.stop - rows.start, seq_len])
+            mine = tf.reshape(tokens, [rows.stop - rows.start, seq_len])[:, lo : hi + extra]
             if bos is not None:
                 return _documents(mine, bos, next_token, out_dtype)
             if not next_token:
                 return _convert(mine, out_dtype)
             return _convert(mine[:, :-1], out_dtype), _convert(mine[:, 1:], tf.int64)
 
-        if (finish_open_pass and first_step >= n) or n == 0:  # the rest of a served epoch: nothing
+        steps = n if batch_size else 0
+        if finish_open_pass and first_step >= n:  # the rest of a served epoch: nothing
             epochs, total = tf.data.Dataset.range(0), 0
-        elif num_epochs is None:
-            epochs, total = tf.data.Dataset.counter(), tf.data.INFINITE_CARDINALITY
         else:
-            epochs = tf.data.Dataset.range(num_epochs)
-            total = 0 if num_epochs == 0 else n - first_step + (num_epochs - 1) * n
+            epochs, total = self._epochs(num_epochs, first_step, steps)
         ds = (
             epochs.flat_map(epoch_spans)
             .flat_map(read_span)
@@ -139,6 +197,41 @@ class TFBatchDataset(BatchStream[Any]):
         )
         # tf.data tunes its own buffer (AUTOTUNE), which measured faster than a fixed depth.
         return ds.prefetch(tf.data.AUTOTUNE) if self.prefetch else ds
+
+
+def _slot_locator(
+    source: BatchFileReader | DatasetReader,
+) -> tuple[Any, int, Callable[[int, int], tuple[int, int, int]]]:
+    """The source's file names (a string tensor), its slot size, and a function giving, for a
+    run of slots ``[start, stop)`` inside one file, ``(file, bytes before, bytes after)``."""
+    b, t = source.batch_size, source.seq_len
+    if isinstance(source, BatchFileReader):
+        size = source.file_size
+
+        def in_file(start: int, stop: int) -> tuple[int, int, int]:
+            return 0, batch_offset(start, b, t), size - batch_offset(stop, b, t)
+
+        return tf.constant([source.path]), source.padded_batch_bytes, in_file
+    names = [source.shard_path(i) for i in range(len(source.shards))]
+    sizes = [shard.size for shard in source.shards]
+
+    def in_shard(start: int, stop: int) -> tuple[int, int, int]:
+        shard, local = source.locate(start)
+        end = local + stop - start
+        return shard, batch_offset(local, b, t), sizes[shard] - batch_offset(end, b, t)
+
+    slot = expected_file_size(b, t, 1) - expected_file_size(b, t, 0)
+    return tf.constant(names), slot, in_shard
+
+
+def _tensor(array: Any) -> Any:
+    return tf.convert_to_tensor(array)
+
+
+def _spec(value: Any) -> Any:
+    """A ``tf.TensorSpec`` for one element field (``cu_seqlens`` varies in length)."""
+    shape = list(value.shape)
+    return tf.TensorSpec([None] * len(shape) if len(shape) == 1 else shape, value.dtype)
 
 
 def tf_dataset(

@@ -6,14 +6,33 @@ The public API is what ``__all__`` lists; everything else is internal.
 from zerobatch_spec import ErrorCode, Header
 
 from .arguments import int_arg
+from .dataset import DatasetError, DatasetReader, is_dataset, open_source
+from .dataset_build import create_dataset, write_sharded_dataset
 from .distributed import rank_rows, resolve_rank_world
 from .documents import DocumentLayout, document_layout
-from .errors import FormatError, IngestError, StateError, WriteError, ZeroBatchError
+from .errors import (
+    FormatError,
+    IngestError,
+    MissingDependencyError,
+    StateError,
+    WriteError,
+    ZeroBatchError,
+    ZeroBatchIOError,
+)
 from .ingest.convert import ConvertSummary, convert
 from .ingest.packing import pack_documents
 from .loader import DEFAULT_BLOCK_SIZE, BatchNativeLoader, Item, OutputDType, Position
 from .reader import BatchFileReader
-from .stream import DEFAULT_DTYPE, DEFAULT_PREFETCH, BatchStream, Source, Stage, StreamOptions
+from .slicing import Slicing
+from .stream import (
+    DEFAULT_DTYPE,
+    DEFAULT_PREFETCH,
+    BatchStream,
+    Layout,
+    Source,
+    Stage,
+    StreamOptions,
+)
 from .tokenization import ByteTokenizer
 from .validation import ValidationReport, validate_file
 from .writer import write_batch_dataset, write_batch_file
@@ -29,14 +48,19 @@ __all__ = [
     "BatchStream",
     "ByteTokenizer",
     "ConvertSummary",
+    "DatasetError",
+    "DatasetReader",
     "DocumentLayout",
     "ErrorCode",
     "FormatError",
     "Header",
     "IngestError",
     "Item",
+    "Layout",
+    "MissingDependencyError",
     "OutputDType",
     "Position",
+    "Slicing",
     "Source",
     "Stage",
     "StateError",
@@ -44,14 +68,19 @@ __all__ = [
     "ValidationReport",
     "WriteError",
     "ZeroBatchError",
+    "ZeroBatchIOError",
     "__version__",
     "convert",
+    "create_dataset",
     "document_layout",
     "int_arg",
+    "is_dataset",
+    "open_source",
     "pack_documents",
     "rank_rows",
     "resolve_rank_world",
     "validate_file",
     "write_batch_dataset",
     "write_batch_file",
+    "write_sharded_dataset",
 ]

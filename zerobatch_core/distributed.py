@@ -45,11 +45,17 @@ def env_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, int] 
 
 
 def resolve_rank_world(
-    rank: int | None, world_size: int | None, detected: tuple[int, int] | None = None
+    rank: int | None,
+    world_size: int | None,
+    detected: tuple[int, int] | None = None,
+    *,
+    names: tuple[str, str] = ("rank", "world_size"),
+    environment: bool = True,
 ) -> tuple[int, int]:
-    """Explicit arguments first, then ``detected`` (a framework's own), then the environment."""
+    """Explicit arguments first, then ``detected`` (a framework's own), then the environment
+    (``RANK``/``WORLD_SIZE``, when ``environment``), else ``(0, 1)``."""
     if (rank is None) != (world_size is None):
-        raise ValueError("give both rank and world_size, or neither")
+        raise ValueError(f"give both {names[0]} and {names[1]}, or neither")
     if rank is not None and world_size is not None:
         return rank, world_size
-    return detected or env_rank_world() or (0, 1)
+    return detected or (env_rank_world() if environment else None) or (0, 1)

@@ -1,14 +1,19 @@
-"""``BatchNativeLoader``: block-shuffled, resumable, rank- and worker-aware iteration.
+"""``BatchNativeLoader``: the order, the cursor and the slicing of a file's or a dataset's batches.
 
-An epoch serves every batch once: blocks of ``block_size`` consecutive batches in the order
-``SPEC.md`` pins (keyed by ``seed`` and ``epoch``), and batches in file order inside a block, so
-reads stay sequential for the kernel's read-ahead while the block order changes every epoch.
-The position in that order is a cursor ``(epoch, step)``; ``state_dict`` saves it as plain
-integers and ``load_state_dict`` resumes at exactly the next batch, in any process.
+An epoch walks every stored batch once: blocks of ``block_size`` consecutive batches in the
+order ``SPEC.md`` pins (section 8 for a file, 14 for a dataset, where blocks never cross a
+shard), and batches in storage order inside a block, so reads stay sequential for the kernel's
+read-ahead while the block order changes every epoch. Training consumes that sequence of
+samples one *step* (a global batch of ``global_batch_size`` samples, by default one stored
+batch) at a time, and each reader serves only its slice of every step (``slicing.py``: data-
+and context-parallel coordinates). The position is a cursor ``(epoch, step)``; ``state_dict``
+saves it as plain integers with what it depends on, and ``load_state_dict`` resumes at exactly
+the next step, in any process, with another number of ranks, or with a global batch size a
+multiple or divisor of the saved one.
 
 A *pass* is one ``iter()`` over the loader: it serves the rest of the cursor's epoch. After the
-epoch's last batch the cursor reads ``(epoch, num_batches)`` (epoch served, pass still open); it
-moves to ``(epoch + 1, 0)`` when the pass ends, i.e. when the consumer asks for the item after the
+epoch's last step the cursor reads ``(epoch, steps)`` (epoch served, pass still open); it moves
+to ``(epoch + 1, 0)`` when the pass ends, i.e. when the consumer asks for the item after the
 last one. A loader restored from a state taken while a pass was open finishes that pass first
 (with nothing left to serve) and then starts the next epoch, exactly as the uninterrupted run
 would have: this is what lets a framework that restores its own pass (torchdata's
@@ -17,22 +22,25 @@ would have: this is what lets a framework that restores its own pass (torchdata'
 
 from __future__ import annotations
 
+import bisect
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any, Literal, NamedTuple, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
-from zerobatch_spec.layout import U32_MAX, U64_MAX
+import xxhash
+from zerobatch_spec import TOKEN_BYTES, U32_MAX, U64_MAX, build_header
 
 from .arguments import int_arg
 from .buffers import BufferPool, convert_into
-from .distributed import rank_rows
+from .dataset import DatasetReader, Verify, open_source
 from .documents import document_layout
 from .errors import StateError
-from .order import BlockOrder
+from .order import BlockOrder, Order
 from .reader import BatchFileReader
+from .slicing import Slicing
 
 OutputDType = Literal["uint32", "int32", "int64"]
 OUTPUT_DTYPES: tuple[OutputDType, ...] = ("uint32", "int32", "int64")
@@ -43,12 +51,18 @@ Item = Any  # one batch array, an (inputs, labels) pair of arrays, or a dict of 
 DEFAULT_BLOCK_SIZE = 256
 ORDER_KEYS = ("seed", "block_size", "shuffle", "num_batches", "batch_size", "seq_len", "file_seed")
 """State keys that must equal the loader's own for a state to load (``SPEC.md`` section 9)."""
+FINGERPRINT_SLOTS = 16
+"""Slots sampled (their first tokens) for a file's identity in a loader state."""
+FINGERPRINT_TOKENS = 1024
+
+Source = BatchFileReader | DatasetReader
+Piece = tuple[int, int, int]  # stored batch index, first row, end row
 
 
 class Position(NamedTuple):
     """A cursor value: the epoch of the next item and the steps of it already served.
 
-    ``step >= num_batches`` means the epoch has been served and its pass is still open.
+    ``step >= steps per epoch`` means the epoch has been served and its pass is still open.
     """
 
     epoch: int
@@ -59,24 +73,75 @@ def _u64(name: str, value: object) -> int:
     return int_arg(name, value, 0, U64_MAX)
 
 
+def normalize_skips(skip_steps: Iterable[Sequence[int]]) -> tuple[tuple[int, int], ...]:
+    """``((first, end), ...)`` of global steps to skip, checked, sorted and merged."""
+    ranges = []
+    for item in skip_steps:
+        if isinstance(item, (str, bytes)) or len(item) != 2:
+            raise ValueError(f"skip_steps entries must be (first, end) pairs, got {item!r}")
+        a = int_arg("skip_steps first step", item[0], 0)
+        b = int_arg("skip_steps end step", item[1], 0)
+        if b <= a:
+            raise ValueError(f"skip_steps range ({a}, {b}) is empty: its end must exceed its first")
+        ranges.append((a, b))
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return tuple(merged)
+
+
+def source_identity(source: Source) -> dict[str, Any]:
+    """What a state records about its source, so that it loads into that source only.
+
+    A dataset: its manifest's digest. A file: its size, its header's XXH3-64 and the XXH3-64 of
+    the first tokens of ``FINGERPRINT_SLOTS`` evenly spaced slots (a few pages, read once).
+    """
+    if isinstance(source, DatasetReader):
+        return source.identity()
+    h, n = source.header, source.num_batches
+    sample = xxhash.xxh3_64()
+    for i in sorted({i * n // FINGERPRINT_SLOTS for i in range(FINGERPRINT_SLOTS)} if n else ()):
+        first = source.read_batch(i).reshape(-1)[:FINGERPRINT_TOKENS]
+        sample.update(np.ascontiguousarray(first).tobytes())
+    return {
+        "file": {
+            "size": h.file_size,
+            "header_xxh3": f"{xxhash.xxh3_64_intdigest(build_header(h)):016x}",
+            "sample_xxh3": sample.hexdigest(),
+        }
+    }
+
+
 class BatchNativeLoader:
-    """Iterate an LLMBATCH file's batches in block-shuffled order, one epoch per pass.
+    """Iterate a file's or a dataset's batches in block-shuffled order, one epoch per pass.
 
-    ``dtype`` picks the output: ``"uint32"`` (zero-copy view, the default), ``"int32"``
-    (zero-copy view, exact for ids below 2**31) or ``"int64"`` (a copy per batch,
-    in an array reused only once nothing refers to the previous batch made in it).
-    ``seed`` defaults to the seed stored in the file. ``shuffle=False`` serves file order.
-    With ``next_token=True`` each item is ``(inputs, labels)``: the batch without its last
-    token (in ``dtype``) and without its first token (always int64, as cross-entropy wants).
-    With ``bos_id`` set (packed rows whose documents start with that token), each item is a
-    dict: ``tokens`` (or ``inputs`` and ``labels``) plus the document layout of the tokens (or
-    inputs) as ``segment_ids``, ``positions`` and ``cu_seqlens`` (see ``documents.py``).
+    ``path`` is an LLMBATCH file, a dataset directory (``dataset.py``; ``verify`` sets its
+    checksum checks) or an open reader of either. ``dtype`` picks the output: ``"uint32"``
+    (zero-copy view, the default), ``"int32"`` (zero-copy view, exact for ids below 2**31) or
+    ``"int64"`` (a copy per batch, in an array reused only once nothing refers to the previous
+    batch made in it). ``seed`` defaults to the file's (or the dataset's) seed.
+    ``shuffle=False`` serves storage order. With ``next_token=True`` each item is ``(inputs,
+    labels)``: the samples without their last token (in ``dtype``) and without their first
+    (always int64, as cross-entropy wants). With ``bos_id`` set (packed rows whose documents
+    start with that token), each item is a dict: ``tokens`` (or ``inputs`` and ``labels``)
+    plus the document layout of the tokens (or inputs) as ``segment_ids``, ``positions`` and
+    ``cu_seqlens`` (see ``documents.py``).
 
-    Data parallelism: with ``world_size`` ranks, every rank walks the same order and gets its
-    own ``batch_size // world_size`` contiguous rows of each batch, so one step of all ranks
-    is one whole batch and no row is served twice. Worker processes of one rank split the
-    steps instead (``split_workers``): worker ``w`` of ``k`` serves steps ``w, w + k, ...``, the
-    round-robin order in which a PyTorch ``DataLoader`` collects them.
+    Parallelism (``slicing.py``): every rank walks the same order. ``rank`` of ``world_size``
+    (data parallel) gets its own ``global_batch_size // world_size`` samples of each step;
+    ``context_rank`` of ``context_size`` (context parallel) gets token chunk ``context_rank``
+    of them, or with ``zigzag`` chunks ``c`` and ``2C - 1 - c`` of ``2C``. One step of all
+    ranks is exactly one global batch. ``global_batch_size`` (default: the stored batch size)
+    may be a multiple of it (a step spans several stored batches; ``world_size *
+    batch_size`` gives each rank whole stored batches) or a divisor (one stored batch serves
+    several steps). ``skip_steps`` lists ``(first, end)`` ranges of global steps (``epoch *
+    len(loader) + step``) that are not served; every other step is unchanged. Worker
+    processes of one rank split the served steps instead (``split_workers``): worker ``w`` of
+    ``k`` serves the ``w``-th, ``(w + k)``-th, ... from the cursor on, the round-robin order in
+    which a PyTorch ``DataLoader`` collects them.
 
     The loader advances its cursor as it hands out items, and a pass that ends moves it to the
     next epoch, so a plain second ``for`` loop sees the next epoch's order. ``set_epoch(e)``
@@ -84,9 +149,8 @@ class BatchNativeLoader:
     epoch, so the usual ``set_epoch`` loop resumes correctly). Moving the cursor from outside
     (``set_epoch``, ``load_state_dict``) ends a pass in progress.
 
-    This is the core's low-level loader (NumPy arrays, explicit ranks, every argument checked).
-    Training loops normally use a ``BatchStream`` (``stream.py``) or a framework adapter built on
-    it, which add framework rank detection, read-ahead to devices and ``close``.
+    This is the core's low-level loader (NumPy arrays, explicit coordinates). Training loops
+    normally use a ``BatchStream`` (``stream.py``) or a framework adapter built on it.
 
     >>> loader = BatchNativeLoader("train.batch", block_size=64)  # doctest: +SKIP
     >>> for epoch in range(3):  # doctest: +SKIP
@@ -97,7 +161,7 @@ class BatchNativeLoader:
 
     def __init__(
         self,
-        path: str | os.PathLike[str] | BatchFileReader,
+        path: str | os.PathLike[str] | Source,
         *,
         block_size: int = DEFAULT_BLOCK_SIZE,
         shuffle: bool = True,
@@ -108,6 +172,13 @@ class BatchNativeLoader:
         rank: int = 0,
         world_size: int = 1,
         bos_id: int | None = None,
+        context_rank: int = 0,
+        context_size: int = 1,
+        zigzag: bool = False,
+        global_batch_size: int | None = None,
+        skip_steps: Iterable[Sequence[int]] = (),
+        slicing: Slicing | None = None,
+        verify: Verify | None = None,
     ) -> None:
         if dtype not in OUTPUT_DTYPES:
             raise ValueError(f"dtype must be 'uint32', 'int32' or 'int64', got {dtype!r}")
@@ -115,31 +186,73 @@ class BatchNativeLoader:
         seed = None if seed is None else _u64("seed", seed)
         epoch = _u64("epoch", epoch)
         bos_id = None if bos_id is None else int_arg("bos_id", bos_id, 0, U32_MAX)
-        self.reader = path if isinstance(path, BatchFileReader) else BatchFileReader(path)
-        if next_token and self.reader.seq_len < 2:
-            raise ValueError(f"{self.reader.path}: next_token needs seq_len >= 2")
-        self.rows = rank_rows(self.reader.batch_size, rank, world_size)
+        if slicing is None:
+            slicing = Slicing(rank, world_size, context_rank, context_size, 1, bool(zigzag))
+        self.skip_steps = normalize_skips(skip_steps)
+        opened = not isinstance(path, (BatchFileReader, DatasetReader))
+        source = (
+            path
+            if isinstance(path, (BatchFileReader, DatasetReader))
+            else open_source(path, verify=verify)
+        )
+        self.source = self.reader = source
+        try:
+            if next_token and source.seq_len < 2:
+                raise ValueError(f"{source.path}: next_token needs seq_len >= 2")
+            self.dtype: OutputDType = dtype
+            self.next_token = bool(next_token)
+            self.bos_id = bos_id
+            self.width = source.seq_len - 1 if self.next_token else source.seq_len
+            if bos_id is not None and not slicing.whole_rows:
+                raise ValueError(
+                    "bos_id needs whole rows in order: the document layout of a token chunk "
+                    "depends on the tokens before it (use context_size=1 with bos_id)"
+                )
+            self.slicing = slicing
+            self._set_global_batch(global_batch_size)
+        except BaseException:
+            if opened:
+                source.close()
+            raise
+        self.rank, self.world_size = slicing.dp_rank, slicing.dp_size
         self.block_size = block_size
         self.shuffle = bool(shuffle)
-        self.seed = self.reader.seed if seed is None else seed
-        self.dtype: OutputDType = dtype
-        self.next_token = bool(next_token)
-        self.bos_id = bos_id
-        self.rank, self.world_size = rank, world_size
-        self.order = BlockOrder(self.reader.num_batches, self.block_size, self.seed, self.shuffle)
+        self.seed = source.seed if seed is None else seed
+        self.order: Order = (
+            source.order(block_size, self.seed, self.shuffle)
+            if isinstance(source, DatasetReader)
+            else BlockOrder(source.num_batches, block_size, self.seed, self.shuffle)
+        )
         self._epoch, self._step = epoch, 0
-        self._stride, self._phase = 1, 0
+        self._stride, self._phase, self._origin = 1, 0, Position(epoch, 0)
         self._serial = 0  # bumped by every new pass: an older pass still running ends
-        # int64 outputs are written into reused arrays, never into one a caller still holds.
-        rows, seq_len = self.batch_shape
-        inputs_len = seq_len - 1 if self.next_token else seq_len
-        self._inputs_pool = BufferPool((rows, inputs_len), np.int64) if dtype == "int64" else None
-        self._labels_pool = BufferPool((rows, seq_len - 1), np.int64) if self.next_token else None
+        self.bytes_read = 0
+        """Token bytes this loader has read from its source (its share of each step)."""
+        self._identity: dict[str, Any] | None = None
+
+    def _set_global_batch(self, global_batch_size: int | None) -> None:
+        b = self.source.batch_size
+        g = b if global_batch_size is None else int_arg("global_batch_size", global_batch_size, 1)
+        self.slicing.check(g, b, self.width)
+        self.global_batch_size = g
+        self.per_step = g // self.slicing.dp_size
+        first = self.slicing.dp_rank * self.per_step
+        self.rows = slice(first, first + self.per_step)  # of the step's samples
+        self.columns = self.slicing.columns(self.width)
+        # One stored batch per step and one column range: items are views of one batch.
+        self._simple = g == b and len(self.columns) == 1
+        extra = 1 if self.next_token else 0  # labels reach one token past each range
+        read = sum(hi - lo + extra for lo, hi in self.columns)
+        self.bytes_per_step = self.per_step * read * TOKEN_BYTES
+        self.batch_shape = (self.per_step, sum(hi - lo for lo, hi in self.columns))
+        shape = self.batch_shape
+        self._inputs_pool = BufferPool(shape, np.int64) if self.dtype == "int64" else None
+        self._labels_pool = BufferPool(shape, np.int64) if self.next_token else None
 
     # -- order -----------------------------------------------------------------------------
     def __len__(self) -> int:
-        """Steps (batches of the file) per epoch, over all workers."""
-        return self.reader.num_batches
+        """Steps per epoch, over all workers: the epoch's samples over the global batch size."""
+        return self.source.num_batches * self.source.batch_size // self.global_batch_size
 
     @property
     def epoch(self) -> int:
@@ -166,16 +279,39 @@ class BatchNativeLoader:
         """This copy's worker index among ``num_workers``."""
         return self._phase
 
-    @property
-    def batch_shape(self) -> tuple[int, int]:
-        """Shape of one rank's batch: ``(batch_size // world_size, seq_len)``."""
-        return (self.rows.stop - self.rows.start, self.reader.seq_len)
+    def global_step(self, position: Position | None = None) -> int:
+        """``epoch * len(self) + step`` of ``position`` (default: the cursor)."""
+        epoch, step = self.position if position is None else position
+        return epoch * len(self) + step
+
+    def _served_steps(
+        self, epoch: int, start: int, skips: tuple[tuple[int, int], ...] | None = None
+    ) -> Iterator[int]:
+        """Steps of ``epoch`` from ``start`` on that ``skips`` (default: this loader's) do not
+        skip, continuing past the end of the epoch (where nothing is skipped)."""
+        ranges = self.skip_steps if skips is None else skips
+        n, step = len(self), start
+        base = epoch * n
+        while True:
+            i = bisect.bisect_right(ranges, (base + step, U64_MAX)) - 1
+            if step >= n or i < 0 or not ranges[i][0] <= base + step < ranges[i][1]:
+                yield step
+            step += 1
+
+    def _owned(self, epoch: int, start: int) -> Iterator[int]:
+        """This copy's steps of ``epoch`` from ``start`` on (past the end: where its cursor
+        would go next), the worker split counted over served steps from the split's origin."""
+        if self._stride == 1:
+            return self._served_steps(epoch, start)
+        origin = self._origin.step if self._origin.epoch == epoch else 0
+        served = self._served_steps(epoch, origin)
+        return (s for j, s in enumerate(served) if j % self._stride == self._phase and s >= start)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (a no-op if it is already the current epoch)."""
         e = _u64("epoch", epoch)
         if e != self._epoch:
-            self._epoch, self._step = e, self._phase
+            self._epoch, self._step = e, next(self._owned(e, 0))
             self._serial += 1
 
     def seek(self, position: Position) -> None:
@@ -185,16 +321,20 @@ class BatchNativeLoader:
 
     def after(self, position: Position, steps: int = 1) -> Position:
         """The cursor after serving ``steps`` more items from ``position`` within its pass."""
-        return Position(position.epoch, position.step + steps * self._stride)
+        if self._stride == 1 and not self.skip_steps:
+            return Position(position.epoch, position.step + steps)
+        owned = self._owned(position.epoch, position.step)
+        return Position(position.epoch, next(islice(owned, steps, None)))
 
     def next_pass(self, position: Position) -> Position:
         """Where a pass that ends at ``position`` leaves the cursor: the next epoch if served."""
-        if position.step >= len(self):
-            return Position(_next_epoch(position.epoch), self._phase)
+        if next(self._owned(*position)) >= len(self):
+            e = _next_epoch(position.epoch)
+            return Position(e, next(self._owned(e, 0)))
         return position
 
     def split_workers(self, worker: int, num_workers: int) -> None:
-        """Serve only steps ``worker, worker + num_workers, ...`` from the current cursor on.
+        """Serve only every ``num_workers``-th served step, from the ``worker``-th on.
 
         Called once in each worker process. A loader restored from a worker's own state keeps
         it; a state saved with a different worker layout cannot be split again.
@@ -208,68 +348,38 @@ class BatchNativeLoader:
                 f"loader already split as worker {self._phase} of {self._stride}; cannot "
                 f"become worker {worker} of {num_workers}"
             )
-        self._stride, self._phase = num_workers, worker
-        self._step += worker
+        self._stride, self._phase, self._origin = num_workers, worker, self.position
+        self._step = next(self._owned(self._epoch, self._step))
 
     def epoch_order(self, epoch: int | None = None) -> npt.NDArray[np.int64]:
-        """Batch indices of a whole epoch in serving order, all workers together."""
+        """Stored batch indices of a whole epoch in serving order."""
         return self.order.epoch_order(self._epoch if epoch is None else _u64("epoch", epoch))
 
     def _indices(self, epoch: int, start: int) -> Iterator[int]:
-        """Batch indices of ``epoch`` from ``start`` on; each next block is read ahead."""
+        """Stored batch indices from position ``start`` on; each next block is read ahead and
+        its file checked once (a file truncated since it was opened raises here)."""
         spans = self.order.spans(epoch, start)
         current = next(spans, None)
         if current is not None:
-            self.reader.read_ahead(current.start, current.stop)
+            self._check_size(current.start)
+            self.source.read_ahead(current.start, current.stop)
         while current is not None:
             upcoming = next(spans, None)
             if upcoming is not None:  # read the next block while this one is served
-                self.reader.read_ahead(upcoming.start, upcoming.stop)
+                self.source.read_ahead(upcoming.start, upcoming.stop)
             yield from range(current.start, current.stop)
+            if upcoming is not None:
+                self._check_size(upcoming.start)
             current = upcoming
 
+    def _check_size(self, index: int) -> None:
+        """Raise if the file holding stored batch ``index`` shrank since it was opened."""
+        if isinstance(self.source, DatasetReader):
+            self.source.check_size(index)
+        else:
+            self.source.check_size()
+
     # -- iteration -------------------------------------------------------------------------
-    def item(self, index: int) -> Item:
-        """The item this loader serves for batch ``index`` (its rows, dtype and form)."""
-        batch: U32Batch = self.reader.read_batch(index)[self.rows]
-        if self.bos_id is not None:
-            return self._documents_item(batch, self.bos_id)
-        if not self.next_token:
-            return self._convert(batch)
-        return self._convert(batch[:, :-1]), convert_into(self._labels_pool, batch[:, 1:], np.int64)
-
-    def _all_views(self) -> npt.NDArray[Any] | None:
-        """Every batch as one ``[num_batches, rows, seq_len]`` view, when items are plain views."""
-        if self.bos_id is not None or self.next_token or self.dtype == "int64":
-            return None
-        every = self.reader.read_batches(0, self.reader.num_batches)[:, self.rows]
-        return every.view(np.int32) if self.dtype == "int32" else every
-
-    def _convert(self, batch: U32Batch) -> npt.NDArray[Any]:
-        """uint32 rows in the output dtype: views for uint32/int32, a pooled copy for int64."""
-        if self.dtype == "uint32":
-            return batch
-        if self.dtype == "int32":
-            return batch.view(np.int32)
-        return convert_into(self._inputs_pool, batch, np.int64)
-
-    def _documents_item(self, batch: U32Batch, bos_id: int) -> dict[str, npt.NDArray[Any]]:
-        """The batch (or its next-token pair) with its document layout (``documents.py``)."""
-        inputs = batch[:, :-1] if self.next_token else batch
-        layout = document_layout(inputs, bos_id)
-        item: dict[str, npt.NDArray[Any]] = (
-            {
-                "inputs": self._convert(inputs),
-                "labels": convert_into(self._labels_pool, batch[:, 1:], np.int64),
-            }
-            if self.next_token
-            else {"tokens": self._convert(batch)}
-        )
-        item["segment_ids"] = layout.segment_ids
-        item["positions"] = layout.positions
-        item["cu_seqlens"] = layout.cu_seqlens
-        return item
-
     def __iter__(self) -> Iterator[Item]:
         """Serve the rest of the current epoch, advancing the cursor with every item.
 
@@ -280,25 +390,166 @@ class BatchNativeLoader:
         return self._pass(self._serial, self._epoch, self._step)
 
     def _pass(self, serial: int, epoch: int, start: int) -> Iterator[Item]:
-        n, stride = len(self), self._stride
-        expected = start
-        if start < n:
-            # Plain view outputs skip the per-item dispatch: one index into an [n, rows, T] view.
+        n = len(self)
+        owned = self._owned(epoch, start)
+        step = next(owned)
+        if step < n:
             views = self._all_views()
-            for index in islice(self._indices(epoch, start), 0, None, stride):
-                if self._step != expected or self._epoch != epoch or self._serial != serial:
+            for pieces, step_after in self._pieces(epoch, step, owned):
+                if self._serial != serial or self._epoch != epoch:
                     return
-                item = views[index] if views is not None else self.item(index)
-                expected += stride
-                self._step = expected
+                if views is not None:
+                    item = views[pieces[0][0]]
+                    self.bytes_read += self.bytes_per_step
+                else:
+                    item = self._item(pieces)
+                self._step = step_after
                 yield item
-        if (self._epoch, self._step, self._serial) == (epoch, expected, serial):  # not moved
-            self._epoch, self._step = _next_epoch(epoch), self._phase
+                if self._serial != serial:
+                    return
+        if (self._epoch, self._serial) == (epoch, serial):  # not moved from outside
+            e = _next_epoch(epoch)
+            self._epoch, self._step = e, next(self._owned(e, 0))
+
+    def _pieces(
+        self, epoch: int, step: int, owned: Iterator[int]
+    ) -> Iterator[tuple[list[Piece], int]]:
+        """For each of this copy's steps from ``step`` on: its stored-batch pieces and the step
+        after it. A piece is ``(stored index, first row, end row)`` of this rank's samples."""
+        n, b, g, per = len(self), self.source.batch_size, self.global_batch_size, self.per_step
+        first_sample = step * g + self.rows.start
+        position = first_sample // b  # stored position of the next index the iterator gives
+        indices = self._indices(epoch, position)
+        if self._simple:  # one stored batch per step: its index, at position step
+            for index in indices:
+                if position == step:
+                    nxt = next(owned)
+                    yield [(index, self.rows.start, self.rows.stop)], nxt
+                    if nxt >= n:
+                        return
+                    step = nxt
+                position += 1
+            return
+        current = -1
+        index = 0
+        while step < n:
+            a = step * g + self.rows.start
+            end = a + per
+            pieces: list[Piece] = []
+            while a < end:
+                p = a // b
+                while current < p:  # positions only increase: walk the iterator to p
+                    index = next(indices)
+                    current = p if current < 0 else current + 1
+                r0 = a - p * b
+                r1 = min(b, r0 + end - a)
+                pieces.append((index, r0, r1))
+                a += r1 - r0
+            nxt = next(owned)
+            yield pieces, nxt
+            step = nxt
+
+    def _all_views(self) -> npt.NDArray[Any] | None:
+        """Every batch's rows as one ``[num_batches, rows, seq_len]`` view, when items are plain
+        views of a single file's batches."""
+        if not isinstance(self.source, BatchFileReader) or not self._simple:
+            return None
+        if self.bos_id is not None or self.next_token or self.dtype == "int64":
+            return None
+        if self.columns != [(0, self.source.seq_len)]:
+            return None
+        every = self.source.read_batches(0, self.source.num_batches)[:, self.rows]
+        return every.view(np.int32) if self.dtype == "int32" else every
+
+    def _regions(self, pieces: list[Piece]) -> list[U32Batch]:
+        """This rank's samples of one step, one array per column range (labels' token too)."""
+        extra = 1 if self.next_token else 0
+        out = []
+        for lo, hi in self.columns:
+            parts = [self.source.read_batch(i)[r0:r1, lo : hi + extra] for i, r0, r1 in pieces]
+            out.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
+        self.bytes_read += self.bytes_per_step
+        return out
+
+    def _item(self, pieces: list[Piece]) -> Item:
+        regions = self._regions(pieces)
+        if self.next_token:
+            inputs = _join([r[:, :-1] for r in regions])
+            labels = _join([r[:, 1:] for r in regions])
+        else:
+            inputs, labels = _join(regions), None
+        if self.bos_id is not None:
+            layout = document_layout(inputs, self.bos_id)
+            item: dict[str, npt.NDArray[Any]] = (
+                {"tokens": self._convert(inputs)}
+                if labels is None
+                else {
+                    "inputs": self._convert(inputs),
+                    "labels": convert_into(self._labels_pool, labels, np.int64),
+                }
+            )
+            item["segment_ids"] = layout.segment_ids
+            item["positions"] = layout.positions
+            item["cu_seqlens"] = layout.cu_seqlens
+            return item
+        if labels is None:
+            return self._convert(inputs)
+        return self._convert(inputs), convert_into(self._labels_pool, labels, np.int64)
+
+    def item(self, index: int) -> Item:
+        """The item this loader serves from stored batch ``index`` (one-batch steps only)."""
+        if self.global_batch_size != self.source.batch_size:
+            raise ValueError("item(index) needs global_batch_size == batch_size")
+        return self._item([(index, self.rows.start, self.rows.stop)])
+
+    def _convert(self, batch: U32Batch) -> npt.NDArray[Any]:
+        """uint32 tokens in the output dtype: views for uint32/int32, a pooled copy for int64."""
+        if self.dtype == "uint32":
+            return batch
+        if self.dtype == "int32":
+            return batch.view(np.int32)
+        return convert_into(self._inputs_pool, batch, np.int64)
+
+    def served(self, position: Position) -> int:
+        """How many steps a single copy serves from ``position`` to the end of its epoch."""
+        epoch, step = position
+        n = len(self)
+        if step >= n:
+            return 0
+        lo, hi = epoch * n + step, epoch * n + n
+        skipped = sum(max(0, min(b, hi) - max(a, lo)) for a, b in self.skip_steps)
+        return n - step - skipped
+
+    def copy(self) -> BatchNativeLoader:
+        """A loader over the same open source with the same parameters and cursor, whose
+        iteration does not move this one's (the source stays this loader's to close)."""
+        twin = BatchNativeLoader(
+            self.source,
+            block_size=self.block_size,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epoch=self._epoch,
+            dtype=self.dtype,
+            next_token=self.next_token,
+            bos_id=self.bos_id,
+            global_batch_size=self.global_batch_size,
+            skip_steps=self.skip_steps,
+            slicing=self.slicing,
+        )
+        twin._identity = self._identity
+        twin.load_state_dict(self.state_dict())
+        return twin
 
     # -- checkpointing ---------------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        """The source's identity recorded in states (computed once)."""
+        if self._identity is None:
+            self._identity = source_identity(self.source)
+        return self._identity
+
     def state_dict(self, position: Position | None = None) -> dict[str, Any]:
         """The cursor (or ``position``) and what it depends on, as JSON-serialisable values."""
-        h = self.reader.header
+        src = self.source
         epoch, step = self.position if position is None else position
         return {
             "format": STATE_FORMAT,
@@ -307,30 +558,37 @@ class BatchNativeLoader:
             "step": step,
             "num_workers": self._stride,
             "worker": self._phase,
+            "origin": self._origin.step if self._origin.epoch == epoch else 0,
             "seed": self.seed,
             "block_size": self.block_size,
             "shuffle": self.shuffle,
-            "num_batches": h.num_batches,
-            "batch_size": h.batch_size,
-            "seq_len": h.seq_len,
-            "file_seed": h.seed,
+            "num_batches": src.num_batches,
+            "batch_size": src.batch_size,
+            "seq_len": src.seq_len,
+            "file_seed": src.seed,
+            "global_batch_size": self.global_batch_size,
+            "samples": min(step, len(self)) * self.global_batch_size,
+            "skip_steps": [list(r) for r in self.skip_steps],
+            "source": self.identity(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the cursor saved by ``state_dict``; the order parameters must match.
 
-        The rank and world size may differ from the saving run's: the cursor counts steps.
+        The rank and world size may differ from the saving run's (the cursor counts steps), and
+        so may the global batch size, by an integer factor, if the saved position falls on a
+        step of the new size. The state's ``skip_steps`` are added to this loader's.
         """
-        e, step, workers, worker = self.check_state(state)
+        e, step, workers, worker, origin, skips = self.check_state(state)
         self._epoch, self._step = e, step
-        self._stride, self._phase = workers, worker
+        self._stride, self._phase, self._origin = workers, worker, Position(e, origin)
+        self.skip_steps = normalize_skips([*self.skip_steps, *skips])
         self._serial += 1
 
-    def check_state(self, state: object) -> tuple[int, int, int, int]:
-        """``(epoch, step, num_workers, worker)`` of a state that fits this loader.
-
-        Raises ``StateError`` naming the first key that does not fit.
-        """
+    def check_state(self, state: object) -> tuple[int, int, int, int, int, list[list[int]]]:
+        """``(epoch, step, num_workers, worker, origin, skip_steps)`` of a state that fits this
+        loader, its step in this loader's global batch size. ``StateError`` names what does
+        not fit."""
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise StateError(f"not a {STATE_FORMAT} state: {state!r:.200}")
         if state.get("version") != STATE_VERSION:
@@ -339,23 +597,66 @@ class BatchNativeLoader:
         for key in ORDER_KEYS:
             if state.get(key) != mine[key]:
                 raise StateError(
-                    f"{self.reader.path}: state has {key}={state.get(key)!r} but this loader "
+                    f"{self.source.path}: state has {key}={state.get(key)!r} but this loader "
                     f"has {key}={mine[key]!r}"
                 )
+        if "source" in state and state["source"] != mine["source"]:
+            raise StateError(
+                f"{self.source.path}: the state was saved for another file or dataset of the "
+                f"same shape (state {state['source']!r:.200}, this one {mine['source']!r:.200})"
+            )
         e, step = state.get("epoch"), state.get("step")
         workers, worker = state.get("num_workers", 1), state.get("worker", 0)
+        origin, skips = state.get("origin", 0), state.get("skip_steps", [])
+        g = state.get("global_batch_size", mine["batch_size"])
         if not _is_int(e) or not 0 <= e <= U64_MAX:
             raise StateError(f"state epoch {e!r} is not an integer in [0, 2**64 - 1]")
         if not _is_int(workers) or workers < 1 or not _is_int(worker):
             raise StateError(f"state num_workers={workers!r}, worker={worker!r} are invalid")
         if not 0 <= worker < workers:
             raise StateError(f"state worker {worker} is outside num_workers {workers}")
+        if not _is_int(g) or g < 1:
+            raise StateError(f"state global_batch_size {g!r} is invalid")
+        if not isinstance(skips, list):
+            raise StateError(f"state skip_steps {skips!r:.100} is not a list of pairs")
+        try:
+            normalize_skips(skips)
+        except (TypeError, ValueError) as err:
+            raise StateError(f"state skip_steps: {err}") from None
+        steps = mine["num_batches"] * mine["batch_size"] // g
         # A worker's next step can lie past the end of the epoch (nothing left for it).
-        if not _is_int(step) or not 0 <= step < len(self) + workers:
-            raise StateError(f"state step {step!r} is outside [0, {len(self)}]")
-        if (step - worker) % workers:
+        if not _is_int(step) or not 0 <= step < steps + workers:
+            raise StateError(f"state step {step!r} is outside [0, {steps}]")
+        if not _is_int(origin) or not 0 <= origin <= step:
+            raise StateError(f"state origin {origin!r} is outside [0, step]")
+        if workers > 1 and not self._owns(e, origin, workers, worker, step, skips):
             raise StateError(f"state step {step} is not one of worker {worker}'s steps")
-        return e, step, workers, worker
+        if g != self.global_batch_size:
+            if workers != 1:
+                raise StateError("a worker's state cannot change the global batch size")
+            samples = min(step, steps) * g
+            if samples % self.global_batch_size:
+                raise StateError(
+                    f"the state is {samples} samples into epoch {e}, not a whole number of "
+                    f"steps of the new global batch size {self.global_batch_size}: resume "
+                    f"with global_batch_size {g}, or at a step where the sizes line up"
+                )
+            step = samples // self.global_batch_size if step < steps else len(self)
+        return e, step, workers, worker, origin, skips
+
+    def _owns(
+        self, epoch: int, origin: int, workers: int, worker: int, step: int, skips: list[list[int]]
+    ) -> bool:
+        """Whether worker ``worker`` of ``workers``, split at ``origin``, serves ``step``."""
+        served = self._served_steps(epoch, origin, normalize_skips([*self.skip_steps, *skips]))
+        for j, s in enumerate(served):
+            if s >= step:
+                return s == step and j % workers == worker
+        return False  # unreachable: served steps never end
+
+
+def _join(parts: list[U32Batch]) -> U32Batch:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
 
 def _next_epoch(epoch: int) -> int:

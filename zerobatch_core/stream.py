@@ -35,13 +35,14 @@ import inspect
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, NamedTuple, TypedDict, TypeVar
 
 import numpy.typing as npt
 
 from .arguments import int_arg
+from .dataset import DatasetReader, Verify, open_source
 from .distributed import resolve_rank_world
 from .errors import StateError
 from .loader import (
@@ -53,6 +54,7 @@ from .loader import (
     Position,
 )
 from .reader import BatchFileReader
+from .slicing import Slicing
 
 if TYPE_CHECKING:
     pass
@@ -71,7 +73,17 @@ DEFAULT_PREFETCH = 2
 LAYOUT_KEYS = ("segment_ids", "positions", "cu_seqlens")
 """Document-layout fields of a ``bos_id`` item, after its tokens (or inputs and labels)."""
 
-Source = str | os.PathLike[str] | BatchFileReader
+Source = str | os.PathLike[str] | BatchFileReader | DatasetReader
+
+
+class Layout(NamedTuple):
+    """The parallel coordinates given to a stream's constructor (``None``: not given)."""
+
+    rank: int | None
+    world_size: int | None
+    context_rank: int | None
+    context_size: int | None
+    zigzag: bool
 
 
 class StreamOptions(TypedDict, total=False):
@@ -92,20 +104,30 @@ class StreamOptions(TypedDict, total=False):
     world_size: int | None
     bos_id: int | None
     prefetch: int
+    context_rank: int | None
+    context_size: int | None
+    zigzag: bool
+    global_batch_size: int | None
+    skip_steps: Iterable[Sequence[int]]
+    verify: Verify | None
 
 
 class BatchStream(Generic[T]):
-    """A resumable stream of one LLMBATCH file's batches, converted for a framework.
+    """A resumable stream of a file's or a dataset's batches, converted for a framework.
 
     Used directly it is the NumPy adapter: items are the core loader's arrays (views for
     ``uint32``/``int32``, pooled copies for ``int64``). Framework adapters subclass it.
 
-    ``source`` is a path or an open ``BatchFileReader`` (left open by ``close``). ``rank`` and
-    ``world_size`` (give both or neither) pick this rank's rows of every batch; by default
-    they come from the framework (an initialised process group), else from ``RANK`` and
-    ``WORLD_SIZE`` in the environment, else one rank. ``prefetch`` is how many items are
-    prepared ahead of the loop where the adapter has work to do ahead (device copies); ``0``
-    prepares nothing ahead. The other arguments are ``BatchNativeLoader``'s.
+    ``source`` is an LLMBATCH file, a dataset directory, or an open reader of either (left
+    open by ``close``). ``rank`` and ``world_size`` (give both or neither) are this reader's
+    data-parallel coordinates: by default they come from the framework (an initialised process
+    group), else from ``RANK`` and ``WORLD_SIZE`` in the environment, else one rank.
+    ``context_rank`` and ``context_size`` (context parallelism, with ``zigzag`` for the
+    load-balanced causal split) likewise default to the framework's, else one. ``prefetch`` is
+    how many items are prepared ahead of the loop where the adapter has work to do ahead
+    (device copies); ``0`` prepares nothing ahead. ``global_batch_size``, ``skip_steps`` and
+    ``verify`` (a dataset's checksum checks: ``"off"``, ``"first"``, ``"always"``), and the
+    other arguments, are ``BatchNativeLoader``'s.
     """
 
     dtypes: ClassVar[tuple[OutputDType, ...]] = OUTPUT_DTYPES
@@ -129,6 +151,12 @@ class BatchStream(Generic[T]):
         world_size: int | None = None,
         bos_id: int | None = None,
         prefetch: int = DEFAULT_PREFETCH,
+        context_rank: int | None = None,
+        context_size: int | None = None,
+        zigzag: bool = False,
+        global_batch_size: int | None = None,
+        skip_steps: Iterable[Sequence[int]] = (),
+        verify: Verify | None = None,
     ) -> None:
         if dtype not in self.dtypes:
             raise ValueError(
@@ -136,10 +164,14 @@ class BatchStream(Generic[T]):
                 f"{type(self).__name__}, got {dtype!r}"
             )
         self.prefetch = int_arg("prefetch", prefetch, 0)
-        reader = source if isinstance(source, BatchFileReader) else BatchFileReader(source)
+        reader = (
+            source
+            if isinstance(source, (BatchFileReader, DatasetReader))
+            else open_source(source, verify=verify)
+        )
         self._owns_reader = reader is not source
         try:
-            r, w = self._rank_world(reader, rank, world_size, next_token)
+            layout = Layout(rank, world_size, context_rank, context_size, bool(zigzag))
             self.loader = BatchNativeLoader(
                 reader,
                 block_size=block_size,
@@ -148,9 +180,10 @@ class BatchStream(Generic[T]):
                 epoch=epoch,
                 dtype=dtype,
                 next_token=next_token,
-                rank=r,
-                world_size=w,
                 bos_id=bos_id,
+                global_batch_size=global_batch_size,
+                skip_steps=skip_steps,
+                slicing=self._slicing(reader, layout, next_token, global_batch_size),
             )
         except BaseException:
             if self._owns_reader:
@@ -192,11 +225,27 @@ class BatchStream(Generic[T]):
         """``(rank, world_size)`` of the framework's process group, if one is running."""
         return None
 
-    def _rank_world(
-        self, reader: BatchFileReader, rank: int | None, world_size: int | None, next_token: bool
-    ) -> tuple[int, int]:
-        """The core loader's ``(rank, world_size)``: whose rows of each batch are read here."""
-        return resolve_rank_world(rank, world_size, self._detected_rank_world())
+    def _detected_context(self) -> tuple[int, int] | None:
+        """``(context_rank, context_size)`` from the framework's device mesh, if it has one."""
+        return None
+
+    def _slicing(
+        self,
+        reader: BatchFileReader | DatasetReader,
+        layout: Layout,
+        next_token: bool,
+        global_batch_size: int | None,
+    ) -> Slicing:
+        """The core loader's coordinates: the arguments given, else what the framework says."""
+        r, w = resolve_rank_world(layout.rank, layout.world_size, self._detected_rank_world())
+        c, size = resolve_rank_world(
+            layout.context_rank,
+            layout.context_size,
+            self._detected_context(),
+            names=("context_rank", "context_size"),
+            environment=False,
+        )
+        return Slicing(r, w, c, size, 1, layout.zigzag)
 
     def _worker(self) -> tuple[int, int] | None:
         """``(worker, num_workers)`` when iterated inside a worker process of the framework."""
@@ -296,7 +345,7 @@ class BatchStream(Generic[T]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume right after the item ``state`` was saved at (by any adapter of this file)."""
         self._end_pass()
-        _, _, workers, worker = self.loader.check_state(state)
+        workers, worker = self.loader.check_state(state)[2:4]
         if workers != 1 and not self.accepts_worker_states:
             raise StateError(
                 f"state of worker {worker} of {workers} only; {type(self).__name__} resumes "
@@ -307,8 +356,9 @@ class BatchStream(Generic[T]):
     def close(self) -> None:
         """Stop any read-ahead and release the file; ``state_dict`` keeps working."""
         self._end_pass()
-        if self._owns_reader:
-            self.loader.reader.close()
+        if self._owns_reader and not self.loader.source.closed:
+            self.loader.identity()  # the state names its source even after the file is gone
+            self.loader.source.close()
 
     def __enter__(self: S) -> S:
         return self

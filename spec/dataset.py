@@ -1,0 +1,406 @@
+"""LLMBATCH datasets: shards, their manifest, per-slot checksums and the dataset order.
+
+A dataset is a directory of LLMBATCH files (shards) with one ``batch_size`` and ``seq_len``,
+described by ``manifest.json`` (written last, atomically) and ``checksums.xxh3`` (one
+little-endian u64 XXH3-64 per slot, shard by shard). This module is the reference for both
+files and for the order a loader serves a dataset in (``SPEC.md`` sections 12 to 14): parsing
+applies the manifest rules in order and reports the first broken one, as ``rules.py`` does for
+files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from .layout import HEADER_SIZE, U32_MAX, U64_MAX, expected_file_size
+from .shuffle import GOLDEN_GAMMA, MASK64, mix64, permute, permute_array
+
+MANIFEST_NAME: Final = "manifest.json"
+"""The manifest's file name inside a dataset directory."""
+
+CHECKSUMS_NAME: Final = "checksums.xxh3"
+"""The per-slot checksums' file name inside a dataset directory."""
+
+MANIFEST_FORMAT: Final = "zerobatch.dataset"
+MANIFEST_VERSION: Final = 1
+"""The manifest's own version, independent of the file format's and of any library's."""
+
+CHECKSUM_ALGORITHM: Final = "xxh3-64"
+CHECKSUM_BYTES: Final = 8
+
+DOMAIN_DATASET_BLOCKS: Final = 3
+"""Domain tag of the dataset's block order (files use 1 for records, 2 for blocks)."""
+
+DATASET_KEY_TAG: Final = 0x5A42_4441_5441_5345  # "ZBDATASE"
+"""Mixed into the dataset seed before the epoch, so dataset keys never equal file keys."""
+
+_SHARD_NAME = re.compile(r"\A[A-Za-z0-9._-]{1,255}\Z")
+
+
+class DatasetCode(str, Enum):
+    """Stable error codes of manifests and datasets (``SPEC.md`` section 13)."""
+
+    MANIFEST_NOT_JSON = "manifest_not_json"
+    MANIFEST_BAD_FORMAT = "manifest_bad_format"
+    MANIFEST_UNSUPPORTED_VERSION = "manifest_unsupported_version"
+    MANIFEST_BAD_FIELD = "manifest_bad_field"
+    MANIFEST_BAD_SHARD = "manifest_bad_shard"
+    SHARD_MISSING = "shard_missing"
+    SHARD_SIZE_MISMATCH = "shard_size_mismatch"
+    SHARD_HEADER_MISMATCH = "shard_header_mismatch"
+    CHECKSUMS_MISMATCH = "checksums_mismatch"
+    CHECKSUM_MISMATCH = "checksum_mismatch"
+    EXTRA_SHARD = "extra_shard"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class DatasetViolation:
+    """One broken dataset rule: its code, where (a manifest field or a shard), and what."""
+
+    code: DatasetCode
+    where: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard as the manifest describes it: an LLMBATCH file of the dataset's shape.
+
+    ``records`` is the range ``[first, last)`` of the dataset's input records it was written
+    from (``None`` when unknown): shard position ``p`` holds input record
+    ``first + permute(p, total_records, seed, 1)``, the file writer's rule.
+    """
+
+    name: str
+    num_batches: int
+    seed: int
+    total_records: int
+    size: int
+    header_xxh3: str
+    records: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Source:
+    """An input file and the range ``[first, last)`` of the dataset's input records it gave."""
+
+    path: str
+    records: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed, checked manifest."""
+
+    batch_size: int
+    seq_len: int
+    seed: int
+    shards: tuple[Shard, ...]
+    checksums_xxh3: str
+    sources: tuple[Source, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def num_batches(self) -> int:
+        """Slots over all shards."""
+        return sum(s.num_batches for s in self.shards)
+
+    @property
+    def shard_batches(self) -> list[int]:
+        """Each shard's slot count, in manifest order."""
+        return [s.num_batches for s in self.shards]
+
+    def first_batches(self) -> npt.NDArray[np.int64]:
+        """Dataset index of each shard's first slot, plus the total (``len(shards) + 1``)."""
+        return np.concatenate([[0], np.cumsum(self.shard_batches, dtype=np.int64)]).astype(np.int64)
+
+
+def slot_checksum(slot: Any) -> int:
+    """XXH3-64 (seed 0) of one slot's bytes, padding included."""
+    return int(xxhash.xxh3_64_intdigest(slot))
+
+
+def bytes_xxh3(data: Any) -> str:
+    """XXH3-64 (seed 0) of ``data`` as 16 lowercase hex digits."""
+    return f"{xxhash.xxh3_64_intdigest(data):016x}"
+
+
+def header_xxh3(header: bytes) -> str:
+    """The manifest's digest of a shard header: XXH3-64 of its 4096 bytes, lowercase hex."""
+    return bytes_xxh3(header[:HEADER_SIZE])
+
+
+# -- parsing -------------------------------------------------------------------------------------
+class _ManifestError(Exception):
+    def __init__(self, code: DatasetCode, where: str, detail: str) -> None:
+        super().__init__(detail)
+        self.violation = DatasetViolation(code, where, detail)
+
+
+def _int(obj: dict[str, Any], key: str, where: str, low: int, high: int) -> int:
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_FIELD,
+            f"{where}{key}",
+            f"expected an integer in [{low}, {high}], found {value!r:.60}",
+        )
+    return value
+
+
+def _hex16(obj: dict[str, Any], key: str, where: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{16}", value):
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_FIELD,
+            f"{where}{key}",
+            f"expected 16 lowercase hex digits, found {value!r:.60}",
+        )
+    return value
+
+
+def _range(value: object, where: str) -> tuple[int, int]:
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        or not 0 <= value[0] <= value[1] <= U64_MAX
+    ):
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_FIELD,
+            where,
+            f"expected [first, last] integers with 0 <= first <= last, found {value!r:.60}",
+        )
+    return int(value[0]), int(value[1])
+
+
+def _shard(obj: object, i: int, batch_size: int, seq_len: int) -> Shard:
+    where = f"shards[{i}]."
+    if not isinstance(obj, dict):
+        raise _ManifestError(DatasetCode.MANIFEST_BAD_FIELD, f"shards[{i}]", "expected an object")
+    name = obj.get("name")
+    if not isinstance(name, str) or not _SHARD_NAME.match(name) or name in (".", ".."):
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_FIELD,
+            f"{where}name",
+            f"expected a plain file name (letters, digits, '.', '_', '-'), found {name!r:.60}",
+        )
+    n = _int(obj, "num_batches", where, 0, U64_MAX)
+    seed = _int(obj, "seed", where, 0, U32_MAX)
+    total = _int(obj, "total_records", where, 0, U32_MAX)
+    size = _int(obj, "size", where, HEADER_SIZE, U64_MAX)
+    digest = _hex16(obj, "header_xxh3", where)
+    records = None if obj.get("records") is None else _range(obj["records"], f"{where}records")
+    if total < n * batch_size:
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_SHARD,
+            f"{where}total_records",
+            f"{name}: total_records {total} < num_batches {n} * batch_size {batch_size}",
+        )
+    if size != expected_file_size(batch_size, seq_len, n):
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_SHARD,
+            f"{where}size",
+            f"{name}: size {size} is not 4096 + num_batches * slot bytes = "
+            f"{expected_file_size(batch_size, seq_len, n)}",
+        )
+    if records is not None and records[1] - records[0] != total:
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_SHARD,
+            f"{where}records",
+            f"{name}: records {list(records)} cover {records[1] - records[0]} input records, "
+            f"total_records is {total}",
+        )
+    return Shard(name, n, seed, total, size, digest, records)
+
+
+def _source(obj: object, i: int) -> Source:
+    where = f"sources[{i}]"
+    if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_FIELD, where, "expected {'path': str, 'records': ...}"
+        )
+    return Source(obj["path"], _range(obj.get("records"), f"{where}.records"))
+
+
+def _parse(data: bytes) -> Manifest:
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise _ManifestError(
+            DatasetCode.MANIFEST_NOT_JSON, "manifest", f"not UTF-8 JSON: {e}"
+        ) from e
+    if not isinstance(obj, dict):
+        raise _ManifestError(DatasetCode.MANIFEST_NOT_JSON, "manifest", "expected a JSON object")
+    if obj.get("format") != MANIFEST_FORMAT:
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_FORMAT,
+            "format",
+            f"expected {MANIFEST_FORMAT!r}, found {obj.get('format')!r:.60}",
+        )
+    if obj.get("version") != MANIFEST_VERSION:
+        raise _ManifestError(
+            DatasetCode.MANIFEST_UNSUPPORTED_VERSION,
+            "version",
+            f"this reader knows manifest version {MANIFEST_VERSION}, found "
+            f"{obj.get('version')!r:.60}",
+        )
+    batch_size = _int(obj, "batch_size", "", 1, U32_MAX)
+    seq_len = _int(obj, "seq_len", "", 1, U32_MAX)
+    seed = _int(obj, "seed", "", 0, U64_MAX)
+    checksums = obj.get("checksums")
+    if not isinstance(checksums, dict) or checksums.get("algorithm") != CHECKSUM_ALGORITHM:
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_FIELD,
+            "checksums",
+            f"expected {{'algorithm': {CHECKSUM_ALGORITHM!r}, 'xxh3': ...}}, found "
+            f"{checksums!r:.80}",
+        )
+    digest = _hex16(checksums, "xxh3", "checksums.")
+    shards_obj, sources_obj = obj.get("shards"), obj.get("sources", [])
+    if not isinstance(shards_obj, list):
+        raise _ManifestError(DatasetCode.MANIFEST_BAD_FIELD, "shards", "expected a list of shards")
+    if not isinstance(sources_obj, list):
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_FIELD, "sources", "expected a list of sources"
+        )
+    shards = tuple(_shard(s, i, batch_size, seq_len) for i, s in enumerate(shards_obj))
+    seen: set[str] = set()
+    for i, s in enumerate(shards):
+        if s.name in seen:
+            raise _ManifestError(
+                DatasetCode.MANIFEST_BAD_SHARD, f"shards[{i}].name", f"{s.name} is listed twice"
+            )
+        seen.add(s.name)
+    sources = tuple(_source(s, i) for i, s in enumerate(sources_obj))
+    known = {"format", "version", "batch_size", "seq_len", "seed", "checksums", "shards"}
+    extra = {k: v for k, v in obj.items() if k not in known | {"sources"}}
+    return Manifest(batch_size, seq_len, seed, shards, digest, sources, extra)
+
+
+def parse_manifest(data: bytes) -> Manifest | DatasetViolation:
+    """The manifest in ``data``, or the first rule it breaks (``SPEC.md`` section 13).
+
+    Unknown keys are allowed (and kept in ``Manifest.extra``); hostile input (deep nesting,
+    huge numbers, odd names) gives a violation, never an exception.
+    """
+    try:
+        return _parse(data)
+    except _ManifestError as e:
+        return e.violation
+
+
+def build_manifest(manifest: Manifest) -> bytes:
+    """The canonical bytes of ``manifest``: UTF-8 JSON, keys in a fixed order, one shard a line.
+
+    Writers use this so that the same dataset always has the same manifest bytes (and digest).
+    """
+
+    def shard(s: Shard) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": s.name,
+            "num_batches": s.num_batches,
+            "seed": s.seed,
+            "total_records": s.total_records,
+            "size": s.size,
+            "header_xxh3": s.header_xxh3,
+        }
+        if s.records is not None:
+            out["records"] = list(s.records)
+        return out
+
+    head: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "batch_size": manifest.batch_size,
+        "seq_len": manifest.seq_len,
+        "seed": manifest.seed,
+        "checksums": {"algorithm": CHECKSUM_ALGORITHM, "xxh3": manifest.checksums_xxh3},
+        **manifest.extra,
+    }
+    lines = [json.dumps(head)[:-1] + ', "shards": [']
+    lines += [
+        "  " + json.dumps(shard(s)) + ("," if i + 1 < len(manifest.shards) else "")
+        for i, s in enumerate(manifest.shards)
+    ]
+    sources = [{"path": s.path, "records": list(s.records)} for s in manifest.sources]
+    lines.append("], " + json.dumps({"sources": sources})[1:])
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+# -- order ---------------------------------------------------------------------------------------
+def dataset_epoch_key(seed: int, epoch: int) -> int:
+    """Key of a dataset epoch's block order: ``mix64(mix64(seed ^ TAG) + epoch * GOLDEN_GAMMA)``.
+
+    For a fixed seed, distinct epochs get distinct keys (each step is a bijection of the
+    epoch), and no simple relation between seeds makes two ``(seed, epoch)`` pairs collide, as
+    ``seed ^ epoch`` (the file order's key) does for ``(0, 1)`` and ``(1, 0)``.
+    """
+    for name, value in (("seed", seed), ("epoch", epoch)):
+        if not 0 <= value <= MASK64:
+            raise ValueError(f"{name} must be in [0, 2**64), got {value}")
+    return mix64((mix64(seed ^ DATASET_KEY_TAG) + epoch * GOLDEN_GAMMA) & MASK64)
+
+
+def shard_seed(seed: int, shard: int) -> int:
+    """The file seed of shard ``shard`` of a dataset written with ``seed``: a u32 derived as
+    ``mix64((seed + GOLDEN_GAMMA * (shard + 1)) mod 2**64) mod 2**32``, so shards of one
+    dataset never share their record permutation."""
+    return mix64((seed + GOLDEN_GAMMA * (shard + 1)) & MASK64) & U32_MAX
+
+
+def dataset_blocks(
+    shard_batches: Sequence[int], block_size: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(first, length)`` of every block, shard by shard: blocks never cross a shard's end.
+
+    Shard ``i`` (``n_i`` slots, first dataset index ``f_i``) has ``ceil(n_i / block_size)``
+    blocks; block ``j`` of it starts at ``f_i + j * block_size`` and the last may be short.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be at least 1, got {block_size}")
+    counts = np.asarray(shard_batches, dtype=np.int64)
+    per_shard = -(-counts // block_size)
+    starts = np.concatenate([[0], np.cumsum(counts)])[:-1]
+    shard_of = np.repeat(np.arange(counts.size), per_shard)
+    block_start = np.cumsum(per_shard) - per_shard  # first block index of each shard
+    within = np.arange(int(per_shard.sum())) - np.repeat(block_start, per_shard)
+    first = starts[shard_of] + within * block_size
+    length = np.minimum(block_size, counts[shard_of] - within * block_size)
+    return first.astype(np.int64), length.astype(np.int64)
+
+
+def dataset_block_at(slot: int, num_blocks: int, key: int) -> int:
+    """The block served at order slot ``slot``: ``permute(slot, num_blocks, key, 3)``."""
+    return permute(slot, num_blocks, key, DOMAIN_DATASET_BLOCKS)
+
+
+def dataset_epoch_order(
+    shard_batches: Sequence[int], block_size: int, seed: int, epoch: int, shuffle: bool = True
+) -> npt.NDArray[np.int64]:
+    """Every dataset slot index of an epoch in serving order (O(num_batches) memory).
+
+    The reference the loader's lazy order is tested against: blocks in the order of
+    ``permute(k, num_blocks, dataset_epoch_key(seed, epoch), 3)``, each block's slots in
+    increasing order; unshuffled, the dataset order itself.
+    """
+    first, length = dataset_blocks(shard_batches, block_size)
+    if not shuffle or first.size == 0:
+        return np.arange(int(length.sum()), dtype=np.int64)
+    key = dataset_epoch_key(seed, epoch)
+    blocks = permute_array(np.arange(first.size), first.size, key, DOMAIN_DATASET_BLOCKS)
+    blocks = blocks.astype(np.int64)
+    runs = [np.arange(f, f + n) for f, n in zip(first[blocks], length[blocks], strict=True)]
+    return np.concatenate(runs)

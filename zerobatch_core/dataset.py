@@ -1,0 +1,351 @@
+"""``DatasetReader``: a directory of LLMBATCH shards read as one sequence of slots.
+
+Opening reads only the manifest (``SPEC.md`` section 12): shards are opened, and checked against
+the manifest, the first time a slot of theirs is read, and at most ``max_open`` of them stay
+open (least recently used first out), so a dataset of thousands of shards opens in
+milliseconds and holds a bounded number of descriptors and mappings. Slot ``i`` of the dataset
+is slot ``i - first`` of the shard whose range ``[first, first + num_batches)`` holds it.
+
+Every slot has an XXH3-64 checksum in ``checksums.xxh3``. ``verify`` decides when reads check
+it: ``"off"``, ``"first"`` (the first read of each slot in this process: the default) or
+``"always"``. A mismatch raises ``DatasetError`` naming the shard and the slot, and the slot is
+never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections import OrderedDict
+from types import TracebackType
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+from zerobatch_spec import build_header
+from zerobatch_spec.dataset import (
+    CHECKSUM_BYTES,
+    CHECKSUMS_NAME,
+    MANIFEST_NAME,
+    DatasetCode,
+    DatasetViolation,
+    Manifest,
+    Shard,
+    bytes_xxh3,
+    header_xxh3,
+    parse_manifest,
+)
+
+from .errors import ZeroBatchError
+from .order import ShardedBlockOrder, sharded_order
+from .reader import BatchFileReader
+
+Verify = Literal["off", "first", "always"]
+VERIFY_MODES: tuple[Verify, ...] = ("off", "first", "always")
+DEFAULT_MAX_OPEN = 32
+"""Shards kept open at once (each holds two descriptors, its own and its mapping's)."""
+
+U32Array = npt.NDArray[np.uint32]
+
+
+class DatasetError(ZeroBatchError, ValueError):
+    """A dataset that does not match its manifest, or a manifest that breaks a rule.
+
+    ``code`` is the stable code (``zerobatch_spec.dataset.DatasetCode``), ``path`` the manifest
+    or shard concerned, ``where`` the manifest field or slot, and the message carries all three.
+    """
+
+    def __init__(self, path: str, violation: DatasetViolation) -> None:
+        self.path = path
+        self.code, self.where, self.detail = violation.code, violation.where, violation.detail
+        super().__init__(f"{path}: {self.code.value}: {self.where}: {self.detail}")
+
+
+def is_dataset(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a dataset directory (it holds a manifest)."""
+    return os.path.isfile(os.path.join(os.fspath(path), MANIFEST_NAME))
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> tuple[Manifest, bytes]:
+    """The directory's checked manifest and its bytes; ``DatasetError`` for a broken one."""
+    path = os.path.join(os.fspath(directory), MANIFEST_NAME)
+    with open(path, "rb") as f:
+        data = f.read()
+    parsed = parse_manifest(data)
+    if isinstance(parsed, DatasetViolation):
+        raise DatasetError(path, parsed)
+    return parsed, data
+
+
+class DatasetReader:
+    """A dataset directory's slots, read through lazily opened, manifest-checked shards.
+
+    The surface matches ``BatchFileReader`` where the loader needs it (``batch_size``,
+    ``seq_len``, ``num_batches``, ``seed``, ``read_batch``, ``read_ahead``, ``check_size``,
+    ``close``), plus ``order`` (the dataset order), ``identity`` and ``locate``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        verify: Verify = "first",
+        max_open: int = DEFAULT_MAX_OPEN,
+    ) -> None:
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+        if isinstance(max_open, bool) or not isinstance(max_open, int) or max_open < 1:
+            raise ValueError(f"max_open must be a positive integer, got {max_open!r}")
+        self.path = os.fspath(path)
+        self.manifest, data = read_manifest(self.path)
+        self.manifest_sha256 = hashlib.sha256(data).hexdigest()
+        self.verify: Verify = verify
+        self.max_open = max_open
+        self._first = self.manifest.first_batches()
+        self._open: OrderedDict[int, BatchFileReader] = OrderedDict()
+        self._checksums: npt.NDArray[np.uint64] | None = None
+        self._verified = np.zeros(self.num_batches if verify == "first" else 0, dtype=np.bool_)
+        self.bytes_read = 0
+        """Bytes of slots this reader has handed out or verified (for accounting and tests)."""
+        self._closed = False
+
+    # -- shape -------------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        """Records per slot (every shard's)."""
+        return self.manifest.batch_size
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per record."""
+        return self.manifest.seq_len
+
+    @property
+    def num_batches(self) -> int:
+        """Slots over all shards."""
+        return int(self._first[-1])
+
+    @property
+    def seed(self) -> int:
+        """The dataset's seed: the loader's default order seed."""
+        return self.manifest.seed
+
+    @property
+    def shards(self) -> tuple[Shard, ...]:
+        """The manifest's shards, in dataset order."""
+        return self.manifest.shards
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def order(self, block_size: int, seed: int, shuffle: bool) -> ShardedBlockOrder:
+        """The dataset order (``SPEC.md`` section 14) with these parameters."""
+        return sharded_order(self.manifest.shard_batches, block_size, seed, shuffle)
+
+    def identity(self) -> dict[str, Any]:
+        """What a loader state records to refuse another dataset: the manifest's digest."""
+        return {"dataset": self.manifest_sha256}
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard number, slot within the shard)`` of dataset slot ``index``."""
+        if not 0 <= index < self.num_batches:
+            raise IndexError(f"{self.path}: slot {index} out of range for {self.num_batches}")
+        shard = int(np.searchsorted(self._first, index, side="right")) - 1
+        return shard, index - int(self._first[shard])
+
+    # -- shards ------------------------------------------------------------------------------
+    def shard_path(self, shard: int) -> str:
+        """The file of shard number ``shard``."""
+        return os.path.join(self.path, self.manifest.shards[shard].name)
+
+    def _fail(self, shard: int, code: DatasetCode, detail: str) -> DatasetError:
+        entry = self.manifest.shards[shard]
+        return DatasetError(self.shard_path(shard), DatasetViolation(code, entry.name, detail))
+
+    def shard(self, shard: int) -> BatchFileReader:
+        """The open reader of shard ``shard``, opened and checked against the manifest first."""
+        if self._closed:
+            raise ValueError(f"{self.path}: reader is closed")
+        reader = self._open.get(shard)
+        if reader is not None:
+            self._open.move_to_end(shard)
+            return reader
+        reader = self._open_shard(shard)
+        self._open[shard] = reader
+        while len(self._open) > self.max_open:
+            _, oldest = self._open.popitem(last=False)
+            oldest.close()
+        return reader
+
+    def _open_shard(self, shard: int) -> BatchFileReader:
+        entry, path = self.manifest.shards[shard], self.shard_path(shard)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            missing = "listed in the manifest, not found"
+            raise self._fail(shard, DatasetCode.SHARD_MISSING, missing) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise self._fail(shard, DatasetCode.SHARD_MISSING, "not a regular file")
+        if st.st_size != entry.size:
+            raise self._fail(
+                shard,
+                DatasetCode.SHARD_SIZE_MISMATCH,
+                f"file is {st.st_size} bytes, the manifest says {entry.size}",
+            )
+        reader = BatchFileReader(path)
+        h = reader.header
+        found = (h.batch_size, h.seq_len, h.num_batches, h.seed, h.total_records)
+        want = (self.batch_size, self.seq_len, entry.num_batches, entry.seed, entry.total_records)
+        digest = header_xxh3(build_header(h))  # a valid header is exactly its fields' bytes
+        if found != want or digest != entry.header_xxh3:
+            reader.close()
+            raise self._fail(
+                shard,
+                DatasetCode.SHARD_HEADER_MISMATCH,
+                f"header (batch_size, seq_len, num_batches, seed, total_records) = {found}, "
+                f"xxh3 {digest}; the manifest says {want}, xxh3 {entry.header_xxh3}",
+            )
+        return reader
+
+    # -- reading -----------------------------------------------------------------------------
+    def read_batch(self, index: int) -> U32Array:
+        """Dataset slot ``index`` as a read-only uint32 ``[batch_size, seq_len]`` view.
+
+        Checked against its checksum first if ``verify`` says so.
+        """
+        shard, local = self.locate(index)
+        reader = self.shard(shard)
+        if self.verify == "always" or (self.verify == "first" and not self._verified[index]):
+            self._check_slot(reader, shard, local, index)
+            if self.verify == "first":
+                self._verified[index] = True
+        return reader.read_batch(local)
+
+    def count(self, nbytes: int) -> None:
+        """Account for ``nbytes`` of slot data a caller has read."""
+        self.bytes_read += nbytes
+
+    def checksums(self) -> npt.NDArray[np.uint64]:
+        """Every slot's expected XXH3-64, checked against the manifest's digest on first use."""
+        if self._checksums is None:
+            path = os.path.join(self.path, CHECKSUMS_NAME)
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                raise DatasetError(
+                    path,
+                    DatasetViolation(DatasetCode.CHECKSUMS_MISMATCH, CHECKSUMS_NAME, "not found"),
+                ) from None
+            expected = self.num_batches * CHECKSUM_BYTES
+            digest = bytes_xxh3(data)
+            if len(data) != expected or digest != self.manifest.checksums_xxh3:
+                raise DatasetError(
+                    path,
+                    DatasetViolation(
+                        DatasetCode.CHECKSUMS_MISMATCH,
+                        CHECKSUMS_NAME,
+                        f"{len(data)} bytes with xxh3 {digest}; the manifest says {expected} "
+                        f"bytes with xxh3 {self.manifest.checksums_xxh3}",
+                    ),
+                )
+            self._checksums = np.frombuffer(data, dtype="<u8")
+        return self._checksums
+
+    def _check_slot(self, reader: BatchFileReader, shard: int, local: int, index: int) -> None:
+        got = file_slot_checksum(reader, local)
+        self.bytes_read += reader.padded_batch_bytes
+        want = int(self.checksums()[index])
+        if got != want:
+            raise self._fail(
+                shard,
+                DatasetCode.CHECKSUM_MISMATCH,
+                f"slot {local} (dataset slot {index}): xxh3 {got:016x}, the manifest's "
+                f"checksums say {want:016x}",
+            )
+
+    def read_ahead(self, start: int, stop: int) -> None:
+        """Have slots ``start..stop`` read in the background, shard by shard."""
+        stop = min(stop, self.num_batches)
+        while start < stop:
+            shard, local = self.locate(start)
+            n = min(stop - start, int(self._first[shard + 1]) - start)
+            self.shard(shard).read_ahead(local, local + n)
+            start += n
+
+    def check_size(self, index: int = 0) -> None:
+        """Raise if the open shard holding slot ``index`` no longer has its size (one fstat)."""
+        if self.num_batches:
+            shard, _ = self.locate(index)
+            reader = self._open.get(shard)
+            if reader is not None:
+                reader.check_size()
+
+    # -- lifetime ----------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called."""
+        return self._closed
+
+    def close(self) -> None:
+        """Close every open shard (views still held keep their mappings until dropped)."""
+        self._closed = True
+        while self._open:
+            _, reader = self._open.popitem()
+            reader.close()
+
+    def __enter__(self) -> DatasetReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Worker processes reopen the directory rather than inheriting open shards.
+        return (_reopen, (self.path, self.verify, self.max_open))
+
+    def __repr__(self) -> str:
+        return (
+            f"DatasetReader({self.path!r}, shards={len(self.shards)}, "
+            f"num_batches={self.num_batches}, batch_size={self.batch_size}, "
+            f"seq_len={self.seq_len})"
+        )
+
+
+def _reopen(path: str, verify: Verify, max_open: int) -> DatasetReader:
+    return DatasetReader(path, verify=verify, max_open=max_open)
+
+
+def open_source(
+    path: str | os.PathLike[str], *, verify: Verify | None = None
+) -> BatchFileReader | DatasetReader:
+    """A reader for ``path``: a ``DatasetReader`` for a dataset directory, else a file reader.
+
+    ``verify`` applies to datasets (default ``"first"``); single files carry no checksums.
+    """
+    if os.path.isdir(os.fspath(path)):
+        return DatasetReader(path, verify=verify or "first")
+    return BatchFileReader(path)
+
+
+def file_slot_checksum(reader: BatchFileReader, index: int) -> int:
+    """XXH3-64 of slot ``index`` of an open file: its tokens, then its padding."""
+    digest = xxhash.xxh3_64()
+    digest.update(reader.read_batch(index).data)
+    digest.update(reader.slot_padding(index, index + 1).data)
+    return int(digest.intdigest())
+
+
+def slot_checksums(reader: BatchFileReader) -> npt.NDArray[np.uint64]:
+    """The XXH3-64 of every slot of an open file, in slot order (for writing a manifest)."""
+    out = np.empty(reader.num_batches, dtype=np.uint64)
+    for i in range(reader.num_batches):
+        out[i] = file_slot_checksum(reader, i)
+    return out
