@@ -66,7 +66,13 @@ def _compare(expected: dict[str, Any], got: dict[str, Any]) -> str:
     if got.get("unsupported"):
         return "implementation answered unsupported"
     if "result" in expected:
-        return "" if got.get("result") == expected["result"] else "result differs"
+        if "result" not in got:
+            return f"expected a result, got error {got.get('error')}"
+        return "" if got["result"] == expected["result"] else "result differs"
+    if "valid" not in expected:  # a query that must be refused (invalid_query, unreadable_path)
+        if got.get("error") != expected["error"]:
+            return f"expected error {expected['error']}, got {got.get('error') or 'a result'}"
+        return ""
     if expected["valid"] is False:
         if got.get("valid") is not False:
             return f"expected error {expected['error']}, implementation accepted the file"

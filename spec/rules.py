@@ -22,8 +22,14 @@ from .layout import (
 
 
 class ErrorCode(str, Enum):
-    """Stable error codes; their string values appear in messages, JSON and conformance vectors."""
+    """Stable error codes; their string values appear in messages, JSON and conformance vectors.
 
+    ``RULES`` lists the eight header and size rules in order; ``NONZERO_PADDING`` is the deep
+    check's code, and ``UNREADABLE_PATH`` is no rule of the format at all: it reports a path
+    that cannot be opened and read as a regular file, before there are any bytes to check.
+    """
+
+    UNREADABLE_PATH = "unreadable_path"
     TRUNCATED_HEADER = "truncated_header"
     BAD_MAGIC = "bad_magic"
     UNSUPPORTED_VERSION = "unsupported_version"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import faulthandler
 import mmap
 import operator
 import os
@@ -21,7 +23,7 @@ from zerobatch_spec import (
     check_header,
 )
 
-from .errors import FormatError, ZeroBatchError
+from .errors import FormatError, ZeroBatchError, ZeroBatchIOError
 from .pages import Readahead
 
 _SIGNED_TOKEN_DTYPE = np.dtype(np.int32).newbyteorder(TOKEN_DTYPE.byteorder)
@@ -38,8 +40,18 @@ class BatchFileReader:
     Validation happens before the file is mapped, so a truncated or oversized file is rejected
     with a ``FormatError`` naming the file, the rule and the field, instead of faulting later.
     Batches are read-only views into the mapping: ``read_batch`` costs an index computation,
-    not a copy. (If another process truncates the file while it is mapped, touching the lost
-    pages raises SIGBUS; LLMBATCH files are meant to be immutable once written.)
+    not a copy.
+
+    A path that is not a regular file (a directory, a FIFO, a device) raises
+    ``ZeroBatchIOError``, an ``OSError`` like the one a missing or unreadable path raises.
+
+    LLMBATCH files are meant to be immutable once written. If another process truncates the
+    file while it is mapped, touching the lost pages raises SIGBUS, which no Python code can
+    catch. ``check_size`` detects the shrunk file for the cost of one ``fstat`` (the loader
+    calls it at every block start), and the first reader of a process enables Python's
+    ``faulthandler`` unless the program has set it up itself, so a SIGBUS that still arrives
+    prints "Fatal Python error: Bus error" and the Python traceback rather than ending the
+    process silently.
 
     >>> with BatchFileReader("train.batch") as r:  # doctest: +SKIP
     ...     first = r.read_batch(0)  # uint32 [batch_size, seq_len], no copy
@@ -51,7 +63,8 @@ class BatchFileReader:
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise ZeroBatchError(f"{self.path}: not a regular file")
+                code = errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL
+                raise ZeroBatchIOError(code, "not a regular file", self.path)
             prefix = os.pread(fd, HEADER_SIZE, 0)
             checked = check_header(prefix, st.st_size)
             if isinstance(checked, Violation):
@@ -75,13 +88,9 @@ class BatchFileReader:
                     f"{self.header.file_size}",
                 ),
             )
-        h = self.header
-        flat = np.frombuffer(self._mmap, dtype=TOKEN_DTYPE, offset=HEADER_SIZE)
-        # [num_batches, words per slot] -> drop slot padding -> [num_batches, B, T], all views.
-        self._slots: U32Array = flat.reshape(h.num_batches, h.slot_words)
-        self._tokens: U32Array = self._slots[:, : h.batch_size * h.seq_len].reshape(
-            h.num_batches, h.batch_size, h.seq_len
-        )
+        _enable_fault_handler()
+        self._fd = fd
+        self._tokens, self._padding, self._empty_unrepresentable = _views(self._mmap, self.header)
         self._tokens_i32: I32Array = self._tokens.view(_SIGNED_TOKEN_DTYPE)
         # The descriptor stays open for read-ahead hints, so they always reach this inode; it
         # is closed by ``close`` or, for a reader that is just dropped, by the finalizer.
@@ -183,19 +192,56 @@ class BatchFileReader:
         return out
 
     def read_batches(self, start: int, stop: int) -> U32Array:
-        """Batches ``start..stop`` as one read-only ``[n, batch_size, seq_len]`` view (no copy)."""
+        """Batches ``start..stop`` as one read-only ``[n, batch_size, seq_len]`` view (no copy).
+
+        The one range NumPy cannot express is the empty range of a file without batches whose
+        ``batch_size * seq_len * 4`` exceeds NumPy's array size limit (2**63 bytes): that
+        raises ``ZeroBatchError``, since an empty array of that shape does not exist in NumPy.
+        """
         if self._closed:
             raise ValueError(f"{self.path}: reader is closed")
         n = self.header.num_batches
         if not 0 <= start <= stop <= n:
             raise IndexError(f"{self.path}: batch range {start}..{stop} out of range for {n}")
+        if self._empty_unrepresentable:
+            h = self.header
+            raise ZeroBatchError(
+                f"{self.path}: the file holds no batches, and NumPy cannot represent an empty "
+                f"[0, {h.batch_size}, {h.seq_len}] uint32 array (a batch of "
+                f"{h.raw_batch_bytes} bytes exceeds its size limit)"
+            )
         return self._tokens[start:stop]
 
     def slot_padding(self, start: int, stop: int) -> U32Array:
         """The padding words of slots ``start..stop`` (``[n, pad_words]`` view; may be empty)."""
         if self._closed:
             raise ValueError(f"{self.path}: reader is closed")
-        return self._slots[start:stop, self.header.batch_size * self.header.seq_len :]
+        return self._padding[start:stop]
+
+    def check_size(self) -> None:
+        """Raise ``FormatError`` (``size_mismatch``) if the file no longer has its validated size.
+
+        Costs one ``fstat`` of the open descriptor. A file truncated while it is mapped turns
+        every touch of a lost page into SIGBUS; callers that iterate for a long time (the
+        loader, once per block) call this first, so a file shrunk between two calls is reported
+        by name instead of killing the process. A truncation that lands between this check and
+        the next touch of a lost page still raises SIGBUS: no check can close that window.
+        """
+        if self._closed:
+            raise ValueError(f"{self.path}: reader is closed")
+        size = os.fstat(self._fd).st_size
+        required = self.header.file_size
+        if size != required:
+            change = "truncated" if size < required else "extended"
+            raise FormatError(
+                self.path,
+                Violation(
+                    ErrorCode.SIZE_MISMATCH,
+                    "num_batches",
+                    f"file is {size} bytes now; its header requires {required}: it was "
+                    f"{change} while mapped (LLMBATCH files must not change once written)",
+                ),
+            )
 
     def read_ahead(self, start: int, stop: int) -> None:
         """Have batches ``start..stop`` read and mapped in the background (``pages.Readahead``).
@@ -221,7 +267,7 @@ class BatchFileReader:
             return
         self._closed = True
         self._release()
-        del self._tokens, self._tokens_i32, self._slots
+        del self._tokens, self._tokens_i32, self._padding
         # If the caller still holds views, the mapping is unmapped when the last one goes:
         # the views keep the mmap object alive, and nothing here refers to it any more.
         with contextlib.suppress(BufferError):
@@ -249,6 +295,57 @@ class BatchFileReader:
             f"BatchFileReader({self.path!r}, num_batches={h.num_batches}, "
             f"batch_size={h.batch_size}, seq_len={h.seq_len})"
         )
+
+
+def _views(data: mmap.mmap, h: Header) -> tuple[U32Array, U32Array, bool]:
+    """The token view ``[num_batches, B, T]`` and the padding view ``[num_batches, pad_words]``.
+
+    Only a validated file reaches here. With at least one batch, the mapping holds every slot,
+    so both shapes describe real bytes and fit NumPy's limits. A file without batches has
+    nothing to view, and its shape may exceed what NumPy can represent (``batch_size = seq_len
+    = 2**32 - 1`` is valid); its views are built empty, never reshaped from the mapping. The
+    flag says whether the empty token view had to drop its true shape.
+    """
+    words = h.batch_size * h.seq_len
+    pad_words = h.slot_words - words
+    if h.num_batches == 0:
+        padding = np.empty((0, pad_words), dtype=TOKEN_DTYPE)
+        try:
+            tokens = np.empty((0, h.batch_size, h.seq_len), dtype=TOKEN_DTYPE)
+            unrepresentable = False
+        except ValueError:  # "array is too big": B * T * 4 exceeds NumPy's size limit
+            tokens = np.empty((0, 0, 0), dtype=TOKEN_DTYPE)
+            unrepresentable = True
+        tokens.flags.writeable = padding.flags.writeable = False
+        return tokens, padding, unrepresentable
+    flat = np.frombuffer(data, dtype=TOKEN_DTYPE, offset=HEADER_SIZE)
+    slots = flat.reshape(h.num_batches, h.slot_words)
+    tokens = slots[:, :words].reshape(h.num_batches, h.batch_size, h.seq_len)
+    return tokens, slots[:, words:], False
+
+
+_fault_handler_offered = False
+
+
+def _enable_fault_handler() -> None:
+    """Enable ``faulthandler`` once per process, unless the program has enabled it already.
+
+    A mapped file truncated by another process turns the next touch of a lost page into SIGBUS.
+    With the handler, the process still dies, but first prints "Fatal Python error: Bus error"
+    and the Python traceback of every thread to standard error. A program that set
+    ``faulthandler`` up itself (``-X faulthandler``, ``PYTHONFAULTHANDLER``, its own ``enable``
+    call, pytest) keeps its setup, and one that wants no handler can call
+    ``faulthandler.disable()`` after opening its first reader. Where standard error has no file
+    descriptor (an embedded interpreter), nothing is enabled.
+    """
+    global _fault_handler_offered
+    if _fault_handler_offered:
+        return
+    _fault_handler_offered = True
+    if faulthandler.is_enabled():
+        return
+    with contextlib.suppress(AttributeError, ValueError, RuntimeError, OSError):
+        faulthandler.enable()
 
 
 def _release_descriptor(readahead: Readahead, fd: int) -> None:

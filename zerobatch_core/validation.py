@@ -40,13 +40,18 @@ class ValidationReport:
 
 
 def find_padding_violation(reader: BatchFileReader) -> Violation | None:
-    """First non-zero padding byte in any slot, scanning the mapping chunk by chunk."""
+    """First non-zero padding byte in any slot, scanning the mapping chunk by chunk.
+
+    The file's size is checked before each chunk (``BatchFileReader.check_size``), so a file
+    truncated during a long deep read is reported as ``size_mismatch`` rather than faulting.
+    """
     h = reader.header
     pad_bytes = h.padded_batch_bytes - h.raw_batch_bytes
     if pad_bytes == 0 or h.num_batches == 0:
         return None
     step = max(1, DEEP_CHUNK_BYTES // h.padded_batch_bytes)
     for b0 in range(0, h.num_batches, step):
+        reader.check_size()
         pad = reader.slot_padding(b0, min(b0 + step, h.num_batches))
         if pad.any():
             rows, cols = np.nonzero(pad)
@@ -66,8 +71,11 @@ def find_padding_violation(reader: BatchFileReader) -> Violation | None:
 def validate_file(path: str | os.PathLike[str], deep: bool = False) -> ValidationReport:
     """Check a file against the spec; ``deep`` also reads every slot's padding.
 
-    Returns a report rather than raising for format problems; an unreadable path (missing,
-    permission denied) still raises ``OSError``.
+    Returns a report rather than raising for format problems, including a file that shrinks
+    during the deep read (``size_mismatch``). A path that cannot be read as a regular file
+    (missing, permission denied, a directory) is not a file to validate: it raises ``OSError``
+    (``ZeroBatchIOError`` for a path that is not a regular file); the conformance probe answers
+    it with the code ``unreadable_path``.
     """
     p = os.fspath(path)
     try:
@@ -76,7 +84,10 @@ def validate_file(path: str | os.PathLike[str], deep: bool = False) -> Validatio
         return ValidationReport(p, False, None, e.code, e.field, e.detail, deep)
     with reader:
         if deep:
-            v = find_padding_violation(reader)
+            try:
+                v = find_padding_violation(reader)
+            except FormatError as e:
+                return ValidationReport(p, False, reader.header, e.code, e.field, e.detail, deep)
             if v is not None:
                 return ValidationReport(p, False, reader.header, v.code, v.field, v.detail, deep)
         return ValidationReport(p, True, reader.header, deep=deep)

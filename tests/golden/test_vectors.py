@@ -46,6 +46,9 @@ def test_enough_vectors_and_every_code_covered() -> None:
         "no-padding",
         "record_permutation",
         "block_order",
+        "unreadable_path",
+        "invalid_query",
+        "max-shape",
     ):
         assert code in codes, code
 
@@ -65,21 +68,47 @@ def test_block_orders_through_the_runner() -> None:
 
 
 WRITER = [e for e in INDEX if "writer_input" in expected(e["id"])]
+WRITER_DEFECTS = {
+    "valid-zero-batches-max-shape": "both core writers fail (NumPy ValueError, OverflowError) "
+    "sizing buffers for a 0-batch file whose batch_size * seq_len is 2^64 - 2^33 + 1 tokens",
+}
+"""Writer-input vectors the core writers cannot reproduce yet; strict, so a fix shows up."""
 
 
-@pytest.mark.parametrize("entry", WRITER, ids=[e["id"] for e in WRITER])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param(
+            e,
+            id=e["id"],
+            marks=[pytest.mark.xfail(strict=True, reason=WRITER_DEFECTS[e["id"]])]
+            if e["id"] in WRITER_DEFECTS
+            else [],
+        )
+        for e in WRITER
+    ],
+)
 def test_writer_reproduces_vector_bytes(entry: dict[str, str], tmp_path: Path) -> None:
     spec = expected(entry["id"])["writer_input"]
     assert isinstance(spec, dict)
-    seq_len = max(1, len(spec["records"][0])) if spec["records"] else 2
-    src = np.array(spec["records"], dtype=np.uint32).reshape(-1, seq_len)
+    seq_len, batch_size, seed = spec["seq_len"], spec["batch_size"], spec["seed"]
+    src = np.array(spec["records"], dtype=np.uint32).reshape(len(spec["records"]), seq_len)
     golden = (VECTORS / entry["input"]).read_bytes()
-    write_batch_file(tmp_path / "a.batch", src, spec["batch_size"], seed=spec["seed"])
+    write_batch_file(tmp_path / "a.batch", src, batch_size, seq_len, seed, allow_empty=True)
     assert (tmp_path / "a.batch").read_bytes() == golden
     write_batch_dataset(
-        tmp_path / "b.batch", iter(src), len(src), spec["batch_size"], seq_len, seed=spec["seed"]
+        tmp_path / "b.batch", iter(src), len(src), batch_size, seq_len, seed, allow_empty=True
     )
     assert (tmp_path / "b.batch").read_bytes() == golden
+
+
+def test_writer_input_names_its_seq_len() -> None:
+    """With no records the shape cannot be derived, so every writer input states seq_len."""
+    for entry in WRITER:
+        spec = expected(entry["id"])["writer_input"]
+        assert isinstance(spec, dict)
+        assert isinstance(spec["seq_len"], int) and spec["seq_len"] >= 1
+        assert all(len(r) == spec["seq_len"] for r in spec["records"])
 
 
 def test_writer_vectors_exist() -> None:

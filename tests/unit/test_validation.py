@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from zerobatch_core import ErrorCode, validate_file
+from tests.helpers import records
+from zerobatch_core import BatchFileReader, ErrorCode, validate_file, validation, write_batch_file
 
 
 def test_valid_report(make_file: Callable[..., Path]) -> None:
@@ -39,3 +42,59 @@ def test_invalid_file_is_a_report(tmp_path: Path) -> None:
 def test_unreadable_path_raises(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         validate_file(tmp_path / "missing.batch")
+
+
+@pytest.mark.parametrize(
+    ("bad_batch", "chunk_batches"),
+    [(9, 2), (10, 2), (11, 2), (7, 3), (0, 2), (11, 1)],
+)
+def test_deep_check_names_the_batch_across_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad_batch: int, chunk_batches: int
+) -> None:
+    """With chunks much smaller than the file, the reported batch is the file's batch index.
+
+    12 batches of 4096-byte slots scanned ``chunk_batches`` at a time: a batch number taken
+    relative to its chunk (the chunk base dropped) would name a batch of the first chunk.
+    """
+    monkeypatch.setattr(validation, "DEEP_CHUNK_BYTES", chunk_batches * 4096)
+    path = tmp_path / "late.batch"
+    write_batch_file(path, records(36, 5), batch_size=3, seed=1)  # 60 token bytes per slot
+    data = bytearray(path.read_bytes())
+    assert len(data) == 4096 * 13
+    data[4096 * (1 + bad_batch) + 60 + 33] = 0x07
+    path.write_bytes(bytes(data))
+    report = validate_file(path, deep=True)
+    assert not report.valid and report.code is ErrorCode.NONZERO_PADDING
+    assert report.detail is not None
+    assert report.detail.startswith(f"batch {bad_batch}: slot byte 93 is 0x07"), report.detail
+
+
+def test_deep_check_reports_a_file_that_shrinks_during_the_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file truncated between two chunks of the deep read is ``size_mismatch``, not a crash.
+
+    The truncation happens while the first chunk is being scanned (through a wrapper around
+    the reader's own ``slot_padding``) and keeps that chunk's pages, so only the size check
+    before the next chunk can notice it.
+    """
+    monkeypatch.setattr(validation, "DEEP_CHUNK_BYTES", 2 * 4096)
+    path = tmp_path / "shrinks.batch"
+    write_batch_file(path, records(24, 5), batch_size=3, seed=1)  # 8 batches
+    original = BatchFileReader.slot_padding
+
+    def shrink_after_first_chunk(self: BatchFileReader, start: int, stop: int) -> Any:
+        if start == 0:
+            os.truncate(self.path, 4096 * 5)  # batches 0..3 stay, 4..7 are gone
+        return original(self, start, stop)
+
+    monkeypatch.setattr(BatchFileReader, "slot_padding", shrink_after_first_chunk)
+    report = validate_file(path, deep=True)
+    assert not report.valid and report.code is ErrorCode.SIZE_MISMATCH
+    assert report.detail is not None and "20480 bytes now" in report.detail
+    assert f"requires {4096 * 9}" in report.detail
+
+
+def test_not_a_regular_file_is_an_os_error(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="not a regular file"):
+        validate_file(tmp_path)
