@@ -11,6 +11,7 @@ import json
 import pickle
 import subprocess
 import sys
+import time
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -245,6 +246,17 @@ def test_bad_arguments_say_what_is_wrong(make_file: MakeFile) -> None:
         TorchBatchLoader(path, block_size=4).load_state_dict(TorchBatchLoader(path).state_dict())
 
 
+def wait_until_read_ahead(loader: TorchBatchLoader, depth: int, timeout: float = 30.0) -> None:
+    """Block until the loader's device stage holds ``depth`` batches read ahead of the loop, so
+    a check of the delivered cursor never depends on how far the thread happened to get."""
+    stage = loader._pass._ahead if loader._pass is not None else None
+    assert stage is not None, "the device stage should be running"
+    deadline = time.monotonic() + timeout
+    while stage._queue.qsize() < depth:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the read-ahead never filled"
+        time.sleep(0.005)
+
+
 # -- TorchBatchLoader -----------------------------------------------------------------------
 @pytest.mark.parametrize("workers", [0, 2])
 def test_loader_epochs_state_and_device_prefetch(make_file: MakeFile, workers: int) -> None:
@@ -263,8 +275,9 @@ def test_loader_epochs_state_and_device_prefetch(make_file: MakeFile, workers: i
     it = iter(loader)
     got = [next(it) for _ in range(4)]
     assert all(isinstance(x, NextTokenBatch) and x.inputs.device.type == "cpu" for x in got)
+    wait_until_read_ahead(loader, 2)  # the read-ahead has happened: the state must not count it
     state = json.loads(json.dumps(loader.state_dict()))
-    assert (state["epoch"], state["step"], state["num_workers"]) == (0, 4, 1)  # not read-ahead
+    assert (state["epoch"], state["step"], state["num_workers"]) == (0, 4, 1)
     rest = list(it)
     assert firsts(got + rest) == e0 and (loader.epoch, loader.step) == (1, 0)
     assert firsts(loader) == e1  # next iter: next epoch

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from zerobatch_spec import (
@@ -15,7 +17,10 @@ from zerobatch_spec import (
     unpermute,
     unpermute_array,
 )
-from zerobatch_spec.shuffle import half_bits, mix64, round_keys
+from zerobatch_spec.dataset import DATASET_KEY_TAG, dataset_epoch_key
+from zerobatch_spec.shuffle import GOLDEN_GAMMA, half_bits, mix64, round_keys
+
+from zerobatch_core import BatchNativeLoader, write_batch_file
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 16, 17, 63, 64, 65, 1000])
@@ -77,3 +82,26 @@ def test_out_of_range_indices_are_rejected() -> None:
         permute(5, 5, 0, DOMAIN_RECORDS)
     with pytest.raises(IndexError):
         permute_array([0, 5], 5, 0, DOMAIN_RECORDS)
+
+
+def test_file_epoch_key_is_seed_xor_epoch_and_the_loader_uses_it(tmp_path: Path) -> None:
+    """SPEC.md section 8's key, named: ``seed ^ epoch`` (u64), and the file loader's order."""
+    for seed, epoch in ((0, 0), (42, 1), (2**64 - 1, 5), (7, 2**64 - 1), (2**40 + 5, 3)):
+        assert epoch_key(seed, epoch) == seed ^ epoch
+    with pytest.raises(ValueError, match="epoch"):
+        epoch_key(0, 2**64)
+    path = tmp_path / "k.batch"
+    write_batch_file(path, np.zeros((4 * 30, 2), dtype=np.uint32), batch_size=4, seed=9)
+    loader = BatchNativeLoader(path, block_size=4, seed=2**40 + 5)
+    for epoch in (0, 3, 2**64 - 1):
+        key = (2**40 + 5) ^ epoch
+        blocks = [permute(k, 8, key, DOMAIN_BLOCKS) for k in range(8)]
+        want = [i for b in blocks for i in range(b * 4, min(b * 4 + 4, 30))]
+        assert loader.epoch_order(epoch).tolist() == want
+
+
+def test_dataset_epoch_key_is_the_mixed_formula() -> None:
+    """SPEC.md section 14's key, named: mix64(mix64(seed ^ TAG) + epoch * GOLDEN_GAMMA)."""
+    for seed, epoch in ((0, 0), (0, 1), (1, 0), (2**64 - 1, 2**64 - 1)):
+        inner = mix64(seed ^ DATASET_KEY_TAG)
+        assert dataset_epoch_key(seed, epoch) == mix64((inner + epoch * GOLDEN_GAMMA) % 2**64)
