@@ -148,7 +148,7 @@ def gen_main(out: Path, records: int) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     tokens = np.random.default_rng(SEED).integers(0, VOCAB, size=(records, SEQ), dtype=np.uint32)
     t0 = time.perf_counter()
-    nb = write_batch_file(f["batch"], tokens, batch_size=BATCH, seed=SEED)
+    nb = write_batch_file(f["batch"], tokens, batch_size=BATCH, seed=SEED, overwrite=True)
     t_batch = time.perf_counter() - t0
     _write_large(f["records"], np.ascontiguousarray(tokens))
     _write_large(f["nanogpt"], tokens.astype(np.uint16).reshape(-1))

@@ -91,7 +91,7 @@ def write_corpus_dataset(
     path = os.path.join(out_dir, FILE_NAME)
     records = pack_documents((tok.encode(text) for _, text in docs), record_len)
     num_batches = write_batch_dataset(
-        path, records, total_records, batch_size, record_len, seed=seed
+        path, records, total_records, batch_size, record_len, seed=seed, overwrite=True
     )
     return DatasetInfo(
         path=path,

@@ -27,7 +27,7 @@ def make_file(tmp_path: Path) -> Callable[..., Path]:
         n: int = 40, seq_len: int = 8, batch_size: int = 4, seed: int = 7, name: str = "f.batch"
     ) -> Path:
         path = tmp_path / name
-        write_batch_file(path, records(n, seq_len), batch_size=batch_size, seed=seed)
+        write_batch_file(path, records(n, seq_len), batch_size, seed=seed, allow_empty=True)
         return path
 
     return make

@@ -7,18 +7,53 @@ order, a few MiB at a time, by gathering the records each chunk needs; ``write_b
 (a stream) sends each record towards its output window as it arrives and permutes each window
 in memory at the end (``_WindowedOutput``). Either way memory is bounded by a few chunks and
 windows, never by the dataset.
+
+How the output appears (``_atomic_output``), and what a killed writer leaves behind:
+
+- The output path never holds a partial file. It keeps its previous state (absent, or the old
+  file when ``overwrite=True``) until the new file is complete and fsynced, then holds the new
+  file; the directory is fsynced after the change.
+- On Linux the file is written unnamed (``O_TMPFILE`` in the destination directory): a writer
+  killed at any point leaves nothing at all, since the kernel frees an unnamed file when its
+  last descriptor closes. The complete file is then linked into the directory
+  (``linkat(AT_SYMLINK_FOLLOW)`` of ``/proc/self/fd/N``): straight to the output path when it
+  does not exist (a link never replaces anything, so an output that appeared meanwhile is not
+  clobbered), or, to replace an existing output, under a hidden temporary name that is then
+  renamed over it. Only in that last case does a name other than the output ever exist, and
+  only between the link and the rename (two system calls): a writer killed exactly there leaves
+  a complete, fsynced copy of its output under the hidden name, never a partial file.
+- Where ``O_TMPFILE`` is unavailable (another OS, or a file system that refuses it, such as
+  NFS) the file is written under a hidden temporary name and renamed (or, without
+  ``overwrite``, linked) into place; its header stays zero until the data is complete, so a
+  leftover never carries the magic unless it is complete.
+- Hidden temporaries are named ``.NAME.PID.RAND.tmp`` and locked (``flock``) by their writer.
+  Every write first removes those of dead writers from the destination directory: the name
+  must match (``RAND`` is 8 characters of ``[a-z0-9_]``), the pid must not be running on this
+  machine, and the lock must be free; anything else is left alone. (On a file system shared
+  between machines the pid says nothing about another machine's writers; the lock still
+  protects them where the file system supports ``flock``.)
+- The output gets the mode of any newly created file, ``0o666 & ~umask`` (and the directory's
+  default ACL, if it has one), whichever way it was written; replacing a file does not keep the
+  old file's mode or owner.
+
+Operating-system errors while writing (disk full, quota, permissions, I/O errors) raise
+``ZeroBatchIOError``, an ``OSError`` naming the output path; for a full disk it also says how
+many bytes the write needs.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
-import tempfile
+import secrets
+import stat
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
-from typing import BinaryIO
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -35,23 +70,386 @@ from zerobatch_spec import (
 )
 
 from .arguments import int_arg
-from .errors import WriteError
+from .errors import WriteError, ZeroBatchIOError
 from .pages import discard, release_pages, start_writeback
+
+if sys.platform != "win32":
+    import fcntl
 
 CHUNK_BYTES = 8 * 2**20
 """Target size of one output write; large writes also leave the page cache fast to map."""
 
 PathLike = str | os.PathLike[str]
 
+TEMP_SUFFIX = ".tmp"
+"""Hidden temporaries are ``.NAME.PID.RAND.tmp`` (``NAME`` cut to ``TEMP_NAME_BYTES``)."""
+TEMP_NAME_BYTES = 160
+"""The output name's share of a temporary's name, so that it stays under ``NAME_MAX``."""
+TEMP_RANDOM_CHARS = 8
+"""Length of ``RAND``: 8 lowercase hex digits (earlier versions: 8 of ``[a-z0-9_]``)."""
+_TEMP_RANDOM_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_"
 
-def _check_destination(output_path: PathLike) -> str:
+
+# --- errors that name the output -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A file the writer writes, for error messages: which output it serves, and its role."""
+
+    path: str
+    """The output path every error names."""
+    what: str
+    """The file in words: "the output", "the sorting scratch file beside the output"."""
+    needed: int | None
+    """Bytes the whole write needs free in the output's directory, where known."""
+
+    def error(self, e: OSError, doing: str) -> ZeroBatchIOError:
+        """``e`` as a ``ZeroBatchIOError`` naming the output path (and, when full, the bytes)."""
+        if isinstance(e, ZeroBatchIOError):
+            return e
+        code = e.errno if e.errno is not None else errno.EIO
+        message = f"{e.strerror or e} while {doing} {self.what}"
+        if code in (errno.ENOSPC, errno.EDQUOT) and self.needed is not None:
+            directory = os.path.dirname(os.path.abspath(self.path))
+            message += (
+                f"; this write needs about {self.needed:,} bytes "
+                f"({self.needed / 2**20:,.1f} MiB) free in {directory}"
+            )
+        return ZeroBatchIOError(code, message, self.path)
+
+    @contextmanager
+    def errors(self, doing: str) -> Iterator[None]:
+        """Turn an ``OSError`` raised in the block into ``self.error``."""
+        try:
+            yield
+        except OSError as e:
+            raise self.error(e, doing) from e
+
+
+def _write_all(fd: int, data: npt.NDArray[np.uint32] | bytes, offset: int, target: _Target) -> None:
+    """``data`` (C-contiguous) written at ``offset`` of ``fd``, however many calls it takes.
+
+    Every byte the writers put on disk goes through here, so a failing write always becomes a
+    ``ZeroBatchIOError`` naming the output (``target``).
+    """
+    view = memoryview(data if isinstance(data, bytes) else data.reshape(-1).view(np.uint8).data)
+    while len(view):
+        try:
+            n = os.pwrite(fd, view, offset)
+        except OSError as e:
+            raise target.error(e, f"writing {len(view):,} bytes at offset {offset:,} of") from e
+        if n <= 0:
+            raise target.error(OSError(errno.EIO, f"write returned {n}"), "writing")
+        view, offset = view[n:], offset + n
+
+
+# --- where the output goes: checks before anything is written ---------------------------------
+
+
+def mapped_file(array: object) -> str | None:
+    """The file behind ``array`` when it is (a view of) an ``np.memmap``, else ``None``.
+
+    ``np.load(path, mmap_mode=...)`` returns such an array; slices, ``np.asarray`` and
+    ``.view`` keep the ``np.memmap`` in their ``.base`` chain.
+    """
+    obj = array
+    for _ in range(64):  # a view's base chain is short; bound it anyway
+        if obj is None:
+            return None
+        if isinstance(obj, np.memmap):
+            name: object = getattr(obj, "filename", None)
+            if isinstance(name, (str, os.PathLike)):
+                return os.fspath(name)
+        obj = getattr(obj, "base", None)
+    return None
+
+
+def _file_key(path: str) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path`` (symlinks followed), or ``None`` if it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _refuse_same_file(path: str, key: tuple[int, int] | None, source: str) -> None:
+    if key is not None and _file_key(source) == key:
+        raise WriteError(
+            f"{path}: the output path is the input file {source} (same device and inode); "
+            f"writing it would destroy the input: write to another path"
+        )
+
+
+def check_output(
+    output_path: PathLike, *, overwrite: bool = False, inputs: Iterable[PathLike] = ()
+) -> str:
+    """``output_path`` as a string, after the checks every writer makes before writing.
+
+    Refused with a ``WriteError`` naming the path: a directory; a missing parent directory; a
+    path that is the same file (device and inode) as one of ``inputs``, always; an existing
+    path that is not a regular file; and any existing path unless ``overwrite``. The writers
+    check again when the file appears (a link never replaces a file), so an output created
+    meanwhile by someone else is not clobbered either.
+    """
     path = os.fspath(output_path)
     if os.path.isdir(path):
         raise WriteError(f"{path}: output path is a directory")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise WriteError(f"{path}: output directory {parent} does not exist")
+    try:
+        st: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise _Target(path, "the output path", None).error(e, "inspecting") from e
+    if st is not None:
+        key = (st.st_dev, st.st_ino)
+        for source in inputs:
+            _refuse_same_file(path, key, os.fspath(source))
+        if not stat.S_ISREG(st.st_mode):
+            raise WriteError(f"{path}: output path exists and is not a regular file")
+    if (st is not None or os.path.lexists(path)) and not overwrite:
+        raise WriteError(_exists_message(path))
     return path
+
+
+def _exists_message(path: str) -> str:
+    return (
+        f"{path}: output file already exists; pass overwrite=True (--overwrite on the command "
+        f"line) to replace it"
+    )
+
+
+def _empty_message(path: str, records: int, batch_size: int) -> str:
+    return (
+        f"{path}: the output would hold 0 batches: {records:,} "
+        f"{'record is' if records == 1 else 'records are'} fewer than batch_size={batch_size}; "
+        f"pass allow_empty=True (--allow-empty on the command line) to write a file without "
+        f"batches"
+    )
+
+
+# --- hidden temporaries: unnamed where possible, named and locked otherwise --------------------
+
+
+def _temp_path(path: str) -> str:
+    """A fresh ``.NAME.PID.RAND.tmp`` beside ``path``."""
+    directory, name = os.path.split(os.path.abspath(path))
+    short = os.fsdecode(os.fsencode(name)[:TEMP_NAME_BYTES])
+    return os.path.join(directory, f".{short}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+
+
+def _temp_owner(name: str) -> int | None:
+    """The writer pid in a name of the form ``.NAME.PID.RAND.tmp``, else ``None``."""
+    if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
+        return None
+    parts = name[1 : -len(TEMP_SUFFIX)].rsplit(".", 2)
+    if len(parts) != 3 or not parts[0]:
+        return None
+    pid, rand = parts[1], parts[2]
+    if not (pid.isascii() and pid.isdigit()):
+        return None
+    if len(rand) != TEMP_RANDOM_CHARS or rand.strip(_TEMP_RANDOM_ALPHABET):
+        return None
+    return int(pid)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (owned by anyone)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # alive and someone else's, or not a pid this system can have: keep it
+    return True
+
+
+def _lock(fd: int, blocking: bool) -> bool:
+    """Take the writer's exclusive ``flock`` on ``fd``; ``False`` if another holds it."""
+    if sys.platform == "win32":
+        return True  # no advisory locks there: the pid check decides alone
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # no locks on this file system: the pid check decides alone
+    return True
+
+
+def _remove_if_stale(directory: str, name: str) -> None:
+    """Delete the temporary ``name`` if its writer is dead; see the module docstring."""
+    pid = _temp_owner(name)
+    if pid is None or _running(pid):
+        return
+    full = os.path.join(directory, name)
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return  # vanished, a symlink, or not ours to read
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not _lock(fd, blocking=False):
+            return
+        with suppress(FileNotFoundError):
+            os.unlink(full)
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(directory: PathLike) -> None:
+    """Delete the hidden temporaries that dead writers left in ``directory``.
+
+    Every writer calls this before it writes; it can also be called on its own. Errors (a
+    directory that cannot be listed, a file that cannot be removed) leave things as they are.
+    """
+    d = os.fspath(directory)
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return
+    for name in names:
+        if name.endswith(TEMP_SUFFIX) and name.startswith("."):
+            _remove_if_stale(d, name)
+
+
+def _open_unnamed(directory: str) -> int | None:
+    """An unnamed file in ``directory`` (``O_TMPFILE``) that can be linked in later, or ``None``.
+
+    ``None`` where the platform or the file system has no unnamed files, or ``/proc`` (through
+    which the file is linked) is missing; the caller then uses a named temporary. Real errors
+    (a read-only or full file system, no permission) surface there too.
+    """
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None:
+        return None
+    try:
+        fd = os.open(directory, flag | os.O_RDWR | os.O_CLOEXEC, 0o666)
+    except OSError:
+        return None
+    if not os.path.exists(f"/proc/self/fd/{fd}"):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _open_named(path: str) -> tuple[int, str]:
+    """A new hidden ``.NAME.PID.RAND.tmp`` beside ``path``, created ``0o666 & ~umask``."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    while True:
+        temp = _temp_path(path)
+        try:
+            return os.open(temp, flags, 0o666), temp
+        except FileExistsError:
+            continue
+
+
+def _scratch_file(path: str, target: _Target) -> int:
+    """An anonymous read-write file beside ``path`` for the writer's own use, freed on close."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd = _open_unnamed(directory)
+    if fd is not None:
+        return fd
+    with target.errors("creating"):
+        fd, temp = _open_named(path)
+        _lock(fd, blocking=True)
+        os.unlink(temp)  # named only for this instant; a leftover is removed as stale
+    return fd
+
+
+def _link_under_temp(source: str, path: str, dir_fd: int) -> str:
+    """Link ``source`` to a fresh hidden temporary beside ``path``; return its name."""
+    while True:
+        temp = os.path.basename(_temp_path(path))
+        try:
+            os.link(source, temp, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except FileExistsError:
+            continue
+        return temp
+
+
+def _publish(fd: int, temp: str | None, path: str, overwrite: bool, dir_fd: int) -> None:
+    """Give the complete, fsynced file its name ``path`` (see the module docstring).
+
+    Names are resolved in ``dir_fd``, the destination directory. ``temp`` is the named
+    temporary's name there, or ``None`` for an unnamed file, linked through ``/proc`` (an
+    absolute path: ``src_dir_fd`` only makes ``os.link`` call ``linkat`` with
+    ``AT_SYMLINK_FOLLOW``, which links the file the descriptor refers to).
+    """
+    name = os.path.basename(path)
+    source = temp if temp is not None else f"/proc/self/fd/{fd}"
+    try:
+        os.link(source, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # never replaces anything
+    except FileExistsError:
+        if not overwrite:
+            raise WriteError(
+                f"{path}: output file appeared while it was being written; nothing was replaced "
+                f"(pass overwrite=True to replace it)"
+            ) from None
+        linked = temp if temp is not None else _link_under_temp(source, path, dir_fd)
+        try:
+            os.replace(linked, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with suppress(OSError):
+                os.unlink(linked, dir_fd=dir_fd)
+            raise
+        return
+    except OSError as e:
+        if temp is None or e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        # A file system without hard links: rename, after a last check for an existing file.
+        if os.path.lexists(path) and not overwrite:
+            raise WriteError(_exists_message(path)) from None
+        os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return
+    if temp is not None:
+        os.unlink(temp, dir_fd=dir_fd)  # the output's second name; a leftover is removed as stale
+
+
+@contextmanager
+def _atomic_output(path: str, overwrite: bool, target: _Target) -> Iterator[int]:
+    """A descriptor for the new file, which appears at ``path`` only if the block completes.
+
+    The caller writes the header last, so no partial file ever carries the magic. After the
+    block: fsync, then the file gets its name (``_publish``), then the directory is fsynced.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    remove_stale_temporaries(directory)
+    with target.errors("opening the directory of"):
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    temp: str | None = None
+    fd = _open_unnamed(directory)
+    try:
+        if fd is None:
+            with target.errors("creating a temporary file for"):
+                fd, full = _open_named(path)
+            temp = os.path.basename(full)
+        _lock(fd, blocking=True)
+        yield fd
+        with target.errors("flushing to disk"):
+            os.fsync(fd)
+        with target.errors("moving into place"):
+            _publish(fd, temp, path, overwrite, dir_fd)
+            temp = None
+        with target.errors("syncing the directory of"):
+            os.fsync(dir_fd)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if temp is not None:
+            with suppress(OSError):
+                os.unlink(temp, dir_fd=dir_fd)
+        os.close(dir_fd)
+
+
+# --- input checks ------------------------------------------------------------------------------
 
 
 def _check_token_dtype(dtype: np.dtype[np.generic], what: str) -> None:
@@ -75,66 +473,26 @@ def _to_u32(rows: npt.NDArray[np.integer], what: str, first_record: int) -> npt.
     return rows.astype(TOKEN_DTYPE)
 
 
-def _remove_stale_temporaries(directory: str, prefix: str) -> None:
-    """Delete temp files a killed writer of the same output left (its pid no longer runs)."""
-    for name in os.listdir(directory):
-        if not (name.startswith(prefix) and name.endswith(".tmp")):
-            continue
-        pid_text = name[len(prefix) :].split(".", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
-            with suppress(FileNotFoundError):
-                os.unlink(os.path.join(directory, name))
-        except PermissionError:
-            pass  # alive, owned by someone else
-
-
-@contextmanager
-def _atomic_output(path: str) -> Iterator[BinaryIO]:
-    """A temp file beside ``path`` that replaces it only if the block completes.
-
-    The header is written last, so a temp file left by a crash has no magic and can never pass
-    for a valid file; the rename happens after fsync, and the directory is fsynced after it.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    prefix = f".{os.path.basename(path)}."
-    _remove_stale_temporaries(directory, prefix)
-    fd, tmp = tempfile.mkstemp(prefix=f"{prefix}{os.getpid()}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 class RecordFile:
     """Records ``[n, seq_len]`` stored raw in a file, gathered with positioned reads.
 
     The writer reads each output chunk's records from all over its source. Through a memory map
     those reads would leave the whole file in the process's resident set (the kernel maps page
     cache in blocks of up to 2 MiB per touch); ``pread`` copies just the records and keeps the
-    resident set at one chunk, whatever the file size.
+    resident set at one chunk, whatever the file size. ``path`` names the file in errors.
     """
 
     def __init__(
-        self, fd: int, offset: int, shape: tuple[int, int], dtype: np.dtype[np.integer]
+        self,
+        fd: int,
+        offset: int,
+        shape: tuple[int, int],
+        dtype: np.dtype[np.integer],
+        path: str = "source file",
     ) -> None:
         self.fd, self.offset, self.shape, self.dtype = fd, offset, shape, dtype
         self.row_bytes = shape[1] * dtype.itemsize
+        self.path = path
 
     def gather(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.integer]:
         """Rows ``indices`` (ascending), reading each run of consecutive rows at once."""
@@ -147,9 +505,13 @@ class RecordFile:
         first = indices[starts].tolist()
         for a, b, row in zip(starts, ends, first, strict=True):
             want = (b - a) * self.row_bytes
-            got = os.preadv(self.fd, [out[a:b].data], self.offset + row * self.row_bytes)
+            at = self.offset + row * self.row_bytes
+            got = os.preadv(self.fd, [out[a:b].data], at)
             if got != want:
-                raise WriteError(f"source file ended early: read {got} of {want} bytes")
+                raise WriteError(
+                    f"{self.path}: truncated while reading: expected {want:,} bytes at offset "
+                    f"{at:,}, got {got:,}"
+                )
         return out
 
 
@@ -162,7 +524,7 @@ def _as_record_file(source: npt.NDArray[np.integer]) -> RecordFile | None:
         return None
     fd = os.open(source.filename, os.O_RDONLY | os.O_CLOEXEC)
     shape = (int(source.shape[0]), int(source.shape[1]))
-    return RecordFile(fd, int(source.offset), shape, source.dtype)
+    return RecordFile(fd, int(source.offset), shape, source.dtype, os.fspath(source.filename))
 
 
 def _file_header(total: int, batch_size: int, seq_len: int, seed: int) -> Header:
@@ -177,18 +539,25 @@ def _file_header(total: int, batch_size: int, seq_len: int, seed: int) -> Header
 
 
 def _write_permuted(
-    path: str, source: npt.NDArray[np.integer] | RecordFile, batch_size: int, seed: int, what: str
+    path: str,
+    source: npt.NDArray[np.integer] | RecordFile,
+    batch_size: int,
+    seed: int,
+    what: str,
+    overwrite: bool,
 ) -> int:
     """Write ``source`` ([N, T]) as an LLMBATCH file at ``path``; return the batch count."""
     total, seq_len = int(source.shape[0]), int(source.shape[1])
     if total > U32_MAX:
         raise WriteError(f"{what}: {total} records exceed the u32 total_records field")
     header = _file_header(total, batch_size, seq_len, seed)
+    target = _Target(path, "the output", header.file_size)
     batch_words = batch_size * seq_len
     per_chunk = max(1, CHUNK_BYTES // header.padded_batch_bytes)
-    buf = np.zeros((min(per_chunk, max(header.num_batches, 1)), header.slot_words), TOKEN_DTYPE)
-    with _atomic_output(path) as f:
-        f.write(bytes(HEADER_SIZE))  # placeholder: no magic until the data is complete
+    # No buffer for a file without batches: its slot may be too large to allocate (2^64 bytes).
+    rows_of_slots = min(per_chunk, header.num_batches)
+    buf = np.zeros((rows_of_slots, header.slot_words if rows_of_slots else 0), TOKEN_DTYPE)
+    with _atomic_output(path, overwrite, target) as fd:
         for b0 in range(0, header.num_batches, per_chunk):
             b1 = min(b0 + per_chunk, header.num_batches)
             m = b1 - b0
@@ -207,10 +576,15 @@ def _write_permuted(
             slots[order // batch_size, order % batch_size] = rows
             if not isinstance(source, RecordFile):
                 release_pages(source)  # a mapped source must not pile up in the resident set
-            f.write(buf[:m].data)
-        f.seek(0)
-        f.write(build_header(header))
+            _write_all(fd, buf[:m], HEADER_SIZE + b0 * header.padded_batch_bytes, target)
+        _write_header(fd, header, target)
     return header.num_batches
+
+
+def _write_header(fd: int, header: Header, target: _Target) -> None:
+    """The header, at offset 0, last: no magic until the data is complete (the file's size is
+    then right too: a file without batches is the header alone)."""
+    _write_all(fd, build_header(header), 0, target)
 
 
 def _check_array(tokens: object, seq_len: int | None, what: str) -> npt.NDArray[np.integer]:
@@ -241,37 +615,82 @@ def write_batch_file(
     batch_size: int,
     seq_len: int | None = None,
     seed: int = 0,
+    *,
+    overwrite: bool = False,
+    allow_empty: bool = False,
 ) -> int:
     """Write a ``[num_records, seq_len]`` integer array as an LLMBATCH file; return num_batches.
 
     Records are permuted by ``seed`` (``SPEC.md``), grouped into batches of ``batch_size``, and
     the remainder is dropped. ``tokens_array`` may be a ``np.memmap``: it is read a chunk at a
-    time. Tokens must fit in uint32. The file appears atomically, and the same input and seed
-    always give the same bytes.
+    time. Tokens must fit in uint32. The file appears atomically (module docstring), and the
+    same input and seed always give the same bytes.
+
+    Refused with a ``WriteError`` before anything is written: an existing ``output_path``
+    unless ``overwrite=True``; an output that is the file behind a memory-mapped
+    ``tokens_array`` (even with ``overwrite``); and fewer records than ``batch_size`` (a file
+    without batches) unless ``allow_empty=True``. OS errors while writing raise
+    ``ZeroBatchIOError`` naming the output.
 
     >>> import numpy as np
     >>> write_batch_file("x.batch", np.arange(64, dtype=np.uint32).reshape(8, 8), 4, seed=1)
     ... # doctest: +SKIP
     2
     """
-    path = _check_destination(output_path)
     b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
     s = int_arg("seed", seed, 0, U32_MAX, WriteError)
     if seq_len is not None:
         seq_len = int_arg("seq_len", seq_len, 1, U32_MAX, WriteError)
     tokens = _check_array(tokens_array, seq_len, "tokens_array")
+    backing = mapped_file(tokens)
+    path = check_output(output_path, overwrite=overwrite, inputs=[backing] if backing else [])
+    if tokens.shape[0] < b and not allow_empty:
+        raise WriteError(_empty_message(path, int(tokens.shape[0]), b))
     _check_values(tokens, "tokens_array")
     records = _as_record_file(tokens)
     if records is None:
-        return _write_permuted(path, tokens, b, s, "tokens_array")
+        return _write_permuted(path, tokens, b, s, "tokens_array", overwrite)
     try:
-        return _write_permuted(path, records, b, s, "tokens_array")
+        return _write_permuted(path, records, b, s, "tokens_array", overwrite)
     finally:
         os.close(records.fd)
 
 
+def write_bytes_atomic(output_path: PathLike, data: bytes, *, overwrite: bool = False) -> None:
+    """Write ``data`` as the file ``output_path``, appearing atomically like every output here.
+
+    For the small files that go with LLMBATCH files (a dataset's manifest and checksums): the
+    same checks (``check_output``), the same unnamed-file-then-link path, mode and error
+    handling as the writers (module docstring).
+    """
+    path = check_output(output_path, overwrite=overwrite)
+    target = _Target(path, "the output", len(data))
+    with _atomic_output(path, overwrite, target) as fd:
+        _write_all(fd, data, 0, target)
+
+
+class _StreamInputs:
+    """Refuses stream items that are memory-mapped views of the output file itself."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.key = _file_key(path)  # None when the output does not exist: nothing to protect
+        self.checked: set[str] = set()
+
+    def check(self, item: object) -> None:
+        if self.key is None or not isinstance(item, np.ndarray):
+            return
+        name = mapped_file(item)
+        if name is not None and name not in self.checked:
+            self.checked.add(name)
+            _refuse_same_file(self.path, self.key, name)
+
+
 def _record_blocks(
-    tokens_iter: Iterable[npt.ArrayLike], total_records: int | None, seq_len: int
+    tokens_iter: Iterable[npt.ArrayLike],
+    total_records: int | None,
+    seq_len: int,
+    inputs: _StreamInputs,
 ) -> Iterator[npt.NDArray[np.uint32]]:
     """Checked ``[k, seq_len]`` uint32 blocks of the stream (1-D items become one-row blocks).
 
@@ -281,6 +700,7 @@ def _record_blocks(
     limit = U32_MAX if total_records is None else total_records
     count = 0
     for item in tokens_iter:
+        inputs.check(item)
         arr = np.asarray(item)
         what = f"tokens_iter item at record {count}"
         _check_token_dtype(arr.dtype, what)
@@ -329,16 +749,6 @@ def _scatter_mapped(
         del packed
     finally:
         mm.close()
-
-
-def _write_all(fd: int, data: npt.NDArray[np.uint32], offset: int) -> None:
-    """``data`` (C-contiguous) written at ``offset`` of ``fd``, however many calls it takes."""
-    view = memoryview(data.reshape(-1).view(np.uint8).data)
-    while len(view):
-        n = os.pwrite(fd, view, offset)
-        if n <= 0:
-            raise WriteError(f"write of {len(view)} bytes at offset {offset} returned {n}")
-        view, offset = view[n:], offset + n
 
 
 POSITIONS_AHEAD = 1 << 16
@@ -391,8 +801,11 @@ class _WindowedOutput:
     whatever the dataset size.
     """
 
-    def __init__(self, out_fd: int, sort_fd: int, header: Header) -> None:
+    def __init__(
+        self, out_fd: int, sort_fd: int, header: Header, out: _Target, sort: _Target
+    ) -> None:
         self.out_fd, self.sort_fd, self.header = out_fd, sort_fd, header
+        self.out_target, self.sort_target = out, sort
         b, t = header.batch_size, header.seq_len
         self.row_bytes = t * TOKEN_BYTES
         self.kept = header.num_batches * b
@@ -470,10 +883,10 @@ class _WindowedOutput:
     ) -> None:
         ends = [*firsts[1:], packed.shape[0]]
         for a, e, off in zip(firsts, ends, offsets, strict=True):
-            _write_all(self.sort_fd, packed[a:e], off)
+            _write_all(self.sort_fd, packed[a:e], off, self.sort_target)
 
     def _write_window(self, data: npt.NDArray[np.uint32], offset: int) -> None:
-        _write_all(self.out_fd, data, offset)
+        _write_all(self.out_fd, data, offset, self.out_target)
         start_writeback(self.out_fd, offset, data.nbytes)  # final: let the disk start on them
 
     def finish(self) -> None:
@@ -514,32 +927,51 @@ def _write_stream(
     batch_size: int,
     seq_len: int,
     seed: int,
+    overwrite: bool,
+    extra_bytes: int = 0,
 ) -> int:
-    """Write a stream of ``total`` records (known up front) as an LLMBATCH file at ``path``."""
+    """Write a stream of ``total`` records (known up front) as an LLMBATCH file at ``path``.
+
+    ``extra_bytes`` is what the caller already holds on the same file system (a spill file), for
+    the bytes a full disk message says the write needs.
+    """
     header = _file_header(total, batch_size, seq_len, seed)
     size = header.file_size
-    directory = os.path.dirname(os.path.abspath(path))
-    with (
-        _atomic_output(path) as f,
-        tempfile.TemporaryFile(dir=directory, prefix=".zerobatch-sort-") as sort,
-    ):
-        fd = f.fileno()
-        os.ftruncate(fd, size)
-        os.ftruncate(sort.fileno(), size)
-        out = _WindowedOutput(fd, sort.fileno(), header)
+    needed = size + extra_bytes  # the sorting file shrinks as the output grows (``discard``)
+    out_target = _Target(path, "the output", needed)
+    sort_target = _Target(path, "the sorting scratch file beside the output", needed)
+    if header.num_batches == 0:  # the header alone; the stream is still read and checked
+        with _atomic_output(path, overwrite, out_target) as fd:
+            for _ in blocks:
+                pass
+            _write_header(fd, header, out_target)
+        return 0
+    with _atomic_output(path, overwrite, out_target) as fd:
+        sort_fd = _scratch_file(path, sort_target)
         try:
-            for rows in blocks:
-                out.add(rows)
-            out.finish()
+            with out_target.errors("sizing"):
+                os.ftruncate(fd, size)
+            with sort_target.errors("sizing"):
+                os.ftruncate(sort_fd, size)
+            out = _WindowedOutput(fd, sort_fd, header, out_target, sort_target)
+            try:
+                for rows in blocks:
+                    out.add(rows)
+                out.finish()
+            finally:
+                out.close()
         finally:
-            out.close()
-        os.pwrite(fd, build_header(header), 0)  # last: no magic until the data is complete
+            os.close(sort_fd)
+        _write_header(fd, header, out_target)
     return header.num_batches
 
 
-def _spilled_blocks(spill: BinaryIO, n: int, seq_len: int) -> Iterator[npt.NDArray[np.uint32]]:
+def _spilled_blocks(
+    spill_fd: int, n: int, seq_len: int, path: str
+) -> Iterator[npt.NDArray[np.uint32]]:
     """The spilled records read back in order, ``CHUNK_BYTES`` at a time."""
-    records = RecordFile(spill.fileno(), 0, (n, seq_len), TOKEN_DTYPE)
+    what = f"the spill file beside {path}"
+    records = RecordFile(spill_fd, 0, (n, seq_len), TOKEN_DTYPE, what)
     per_read = max(1, CHUNK_BYTES // records.row_bytes)
     for r0 in range(0, n, per_read):
         yield records.gather(np.arange(r0, min(r0 + per_read, n), dtype=np.int64)).view(np.uint32)
@@ -552,6 +984,9 @@ def write_batch_dataset(
     batch_size: int,
     seq_len: int,
     seed: int = 0,
+    *,
+    overwrite: bool = False,
+    allow_empty: bool = False,
 ) -> int:
     """Write a stream of records as an LLMBATCH file with bounded memory; return num_batches.
 
@@ -561,11 +996,17 @@ def write_batch_dataset(
     once, permuted, in file order (``_WindowedOutput``), so the result is byte-identical to
     ``write_batch_file`` on the same records. ``total_records=None`` accepts a stream of
     unknown length: the permutation needs the count, so the stream is then first spilled to
-    another temporary file (``total_records * seq_len * 4`` bytes) and read back in order.
+    another unlinked file (``total_records * seq_len * 4`` bytes) and read back in order.
     Peak memory is a block of the stream plus a few ``CHUNK_BYTES``,
-    whatever the dataset size.
+    whatever the dataset size. The file appears atomically (module docstring).
+
+    Refused with a ``WriteError``: an existing ``output_path`` unless ``overwrite=True`` (before
+    the stream is touched); an item that is a memory-mapped view of the output file itself (even
+    with ``overwrite``); and an output without batches (fewer records than ``batch_size``)
+    unless ``allow_empty=True``, checked before anything is read when ``total_records`` is
+    given, else once the stream has ended, before the output is created. OS errors while
+    writing raise ``ZeroBatchIOError`` naming the output.
     """
-    path = _check_destination(output_path)
     b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
     t = int_arg("seq_len", seq_len, 1, U32_MAX, WriteError)
     s = int_arg("seed", seed, 0, U32_MAX, WriteError)
@@ -574,13 +1015,23 @@ def write_batch_dataset(
         if total_records is None
         else int_arg("total_records", total_records, 0, U32_MAX, WriteError)
     )
+    path = check_output(output_path, overwrite=overwrite)
+    inputs = _StreamInputs(path)
     if expected is not None:
-        return _write_stream(path, _record_blocks(tokens_iter, expected, t), expected, b, t, s)
-    directory = os.path.dirname(os.path.abspath(path))
-    with tempfile.TemporaryFile(dir=directory, prefix=".zerobatch-spill-") as spill:
+        if expected < b and not allow_empty:
+            raise WriteError(_empty_message(path, expected, b))
+        blocks = _record_blocks(tokens_iter, expected, t, inputs)
+        return _write_stream(path, blocks, expected, b, t, s, overwrite)
+    spill_target = _Target(path, "the spill file beside the output", None)
+    spill_fd = _scratch_file(path, spill_target)
+    try:
         n = 0
-        for rows in _record_blocks(tokens_iter, None, t):
-            spill.write(rows.data)
+        for rows in _record_blocks(tokens_iter, None, t, inputs):
+            _write_all(spill_fd, rows, n * t * TOKEN_BYTES, spill_target)
             n += rows.shape[0]
-        spill.flush()
-        return _write_stream(path, _spilled_blocks(spill, n, t), n, b, t, s)
+        if n < b and not allow_empty:
+            raise WriteError(_empty_message(path, n, b))
+        spilled = _spilled_blocks(spill_fd, n, t, path)
+        return _write_stream(path, spilled, n, b, t, s, overwrite, n * t * TOKEN_BYTES)
+    finally:
+        os.close(spill_fd)

@@ -199,7 +199,7 @@ def test_repeat_forever_and_spans_computed_once_per_epoch(
 
 def test_empty_file_is_empty_even_repeated(tmp_path: Path) -> None:
     path = tmp_path / "empty.batch"
-    write_batch_file(path, np.zeros((3, 8), np.uint32), batch_size=4)
+    write_batch_file(path, np.zeros((3, 8), np.uint32), batch_size=4, allow_empty=True)
     assert as_numpy(tf_dataset(path, num_epochs=None)) == []
 
 

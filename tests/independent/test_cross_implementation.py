@@ -128,7 +128,7 @@ def test_zerobatch_writer_int64_input_extreme_tokens(tmp_path: Path) -> None:
 def test_zerobatch_writer_zero_batches(tmp_path: Path) -> None:
     records = unique_records(3, 5)
     path = tmp_path / "empty.batch"
-    assert write_batch_file(path, records, 4, seed=9) == 0
+    assert write_batch_file(path, records, 4, seed=9, allow_empty=True) == 0
     assert path.stat().st_size == 4096
     hdr = seed_impl.read_header(path)
     assert hdr["num_batches"] == 0

@@ -1,7 +1,8 @@
-"""``.npy`` array sources: 2-D record arrays and flat token arrays, memory-mapped, checked."""
+"""``.npy`` array sources: 2-D record arrays and flat token arrays, read in blocks, checked."""
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections.abc import Iterable
 from pathlib import Path
@@ -56,11 +57,41 @@ def test_flat_arrays_are_cut_contiguously_per_file(tmp_path: Path) -> None:
     np.testing.assert_array_equal(collect(iter_records(pattern, 30, chunk_records=4), 30), want)
 
 
-def test_files_are_memory_mapped_not_loaded(tmp_path: Path) -> None:
-    np.save(tmp_path / "m.npy", np.zeros((64, 8), dtype=np.uint32))
+def mapped_paths() -> set[str]:
+    """Files this process has memory-mapped now (Linux ``/proc/self/maps``)."""
+    with open("/proc/self/maps") as f:
+        return {line.split(maxsplit=5)[5].strip() for line in f if len(line.split()) == 6}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_files_are_read_with_positioned_reads_never_mapped(tmp_path: Path) -> None:
+    np.save(tmp_path / "m.npy", np.arange(64 * 8, dtype=np.uint32).reshape(64, 8))
     f = ArrayFile(tmp_path / "m.npy")
-    assert isinstance(f.array, np.memmap) and not f.array.flags.writeable
     assert f.shape == (64, 8) and f.dtype == np.uint32 and "shape=[64, 8]" in repr(f)
+    blocks = []
+    for block in f.iter_blocks(8, chunk_records=10):
+        assert str(tmp_path / "m.npy") not in mapped_paths()
+        blocks.append(block)
+    np.testing.assert_array_equal(np.concatenate(blocks), np.arange(512).reshape(64, 8))
+
+
+@pytest.mark.parametrize("dtype", [">u4", ">i8", "<u2", "<i4"])
+def test_fortran_order_and_byte_order_are_read_as_numpy_reads_them(
+    tmp_path: Path, dtype: str
+) -> None:
+    rows = np.arange(37 * 6).reshape(37, 6).astype(dtype)
+    np.save(tmp_path / "f.npy", np.asfortranarray(rows))
+    np.save(tmp_path / "c.npy", rows)
+    for name in ("f.npy", "c.npy"):
+        got = collect(iter_records(tmp_path / name, 6, chunk_records=5), 6)
+        np.testing.assert_array_equal(got, np.load(tmp_path / name).astype(np.uint32))
+
+
+def test_truncated_array_is_named_at_open(tmp_path: Path) -> None:
+    np.save(tmp_path / "t.npy", np.arange(100, dtype=np.uint32))
+    os.truncate(tmp_path / "t.npy", os.path.getsize(tmp_path / "t.npy") - 8)
+    with pytest.raises(IngestError, match=r"t\.npy: field shape: \[100\] uint32 needs a file of"):
+        ArrayFile(tmp_path / "t.npy")
 
 
 def test_record_source_protocol(tmp_path: Path) -> None:
@@ -93,13 +124,13 @@ def test_wrong_seq_len_dtype_or_shape(tmp_path: Path) -> None:
 
 def test_unreadable_files(tmp_path: Path) -> None:
     np.save(tmp_path / "o.npy", np.array([1, "x"], dtype=object), allow_pickle=True)
-    with pytest.raises(IngestError, match=r"o\.npy: not a readable \.npy array"):
+    with pytest.raises(IngestError, match=r"o\.npy: field dtype: expected an integer dtype"):
         ArrayFile(tmp_path / "o.npy")
     (tmp_path / "p.npy").write_bytes(pickle.dumps([1, 2, 3]))
     with pytest.raises(IngestError, match=r"p\.npy: not a readable \.npy array"):
         ArrayFile(tmp_path / "p.npy")
     np.savez(tmp_path / "z.npz", a=np.arange(4))
-    with pytest.raises(IngestError, match=r"z\.npz: expected a single \.npy array"):
+    with pytest.raises(IngestError, match=r"z\.npz: expected a single \.npy array, got a \.npz"):
         ArrayFile(tmp_path / "z.npz")
     with pytest.raises(IngestError, match=r"missing\.npy: array file does not exist"):
         count_records(tmp_path / "missing.npy", 4)

@@ -23,6 +23,7 @@ from zerobatch_spec import record_source
 from tests.helpers import expected_batches
 from zerobatch_core import BatchFileReader, write_batch_dataset
 from zerobatch_core.errors import IngestError
+from zerobatch_core.ingest import nanogpt
 from zerobatch_core.ingest.nanogpt import (
     Align,
     BinShard,
@@ -180,18 +181,61 @@ def test_bos_records_match_the_reference_loop(
     assert count_records(paths, seq_len, "bos", bos) == len(want)
 
 
-def test_shard_metadata_and_the_tokens_are_a_read_only_memory_map(tmp_path: Path) -> None:
+def mapped_paths() -> set[str]:
+    """Files this process has memory-mapped now (Linux ``/proc/self/maps``)."""
+    with open("/proc/self/maps") as f:
+        return {line.split(maxsplit=5)[5].strip() for line in f if len(line.split()) == 6}
+
+
+def test_shard_metadata_and_positioned_reads(tmp_path: Path) -> None:
     toks = np.arange(1000) % 600 + 70_000
     path = write_shard(tmp_path / "a.bin", toks, itemsize=4)
     shard = BinShard(path)
     assert (shard.magic, shard.version, shard.num_tokens) == (NEW, 1, 1000)
     assert shard.dtype == np.uint32 and shard.itemsize == 4
-    assert not shard.tokens.flags.writeable and not shard.tokens.flags.owndata
-    assert isinstance(shard.tokens.base, np.memmap)
-    np.testing.assert_array_equal(shard.tokens, source_tokens(path))
+    np.testing.assert_array_equal(shard.read_tokens(), source_tokens(path))
+    np.testing.assert_array_equal(shard.read_tokens(10, 25), source_tokens(path)[10:25])
+    assert shard.read_tokens(990, 2000).size == 10 and shard.read_tokens(5, 5).size == 0
     legacy = BinShard(write_shard(tmp_path / "b.bin", toks % 9, magic=LEGACY, header3=4))
     assert legacy.dtype == np.uint16  # the legacy header[3] is unused, whatever it holds
     assert "num_tokens=1000" in repr(legacy)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+@pytest.mark.parametrize("align", ["contiguous", "bos"])
+def test_shards_are_never_memory_mapped(tmp_path: Path, align: Align) -> None:
+    """Reads are positioned reads: a shard truncated meanwhile cannot raise SIGBUS."""
+    toks = documents(np.random.default_rng(1), 200, BOS16, 60_000)
+    path = write_shard(tmp_path / "m.bin", toks)
+    write_bos_index(path, toks, BOS16)
+    src = NanoGPTSource(path, 16, align, BOS16 if align == "bos" else None, chunk_records=4)
+    assert src.num_records > 0
+    for _ in src.iter_blocks():
+        assert not {str(path), str(path.with_suffix(".bos.idx"))} & mapped_paths()
+
+
+@pytest.mark.parametrize("index", [False, True])
+def test_small_reads_give_the_same_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index: bool
+) -> None:
+    """Tiny read windows and index pieces: records spanning windows, many reads per block."""
+    rng = np.random.default_rng(8)
+    toks = documents(rng, 300, BOS16, 60_000)
+    path = write_shard(tmp_path / "w.bin", toks)
+    if index:
+        write_bos_index(path, toks, BOS16)
+    aligns: tuple[Align, ...] = ("contiguous", "bos")
+    want = {align: collect(iter_records(path, 24, align, BOS16), 24) for align in aligns}
+    monkeypatch.setattr(nanogpt, "SCAN_CHUNK_BYTES", 50)  # 25 tokens: about one record
+    monkeypatch.setattr(nanogpt, "PIECE_BYTES", 6)
+    source = source_tokens(path)
+    for align, rows in want.items():
+        got = collect(iter_records(path, 24, align, BOS16, chunk_records=5), 24)
+        np.testing.assert_array_equal(got, rows)
+        starts = BinShard(path).record_starts(24, align, BOS16)
+        for row, s in zip(got, starts, strict=True):
+            np.testing.assert_array_equal(row, source[s : s + 24])
+    assert BinShard(path).bos_positions(BOS16).tolist() == np.flatnonzero(source == BOS16).tolist()
 
 
 def test_blocks_respect_chunk_records_and_never_mix_shards(tmp_path: Path) -> None:
@@ -330,6 +374,24 @@ def test_bos_index_out_of_range_unsorted_or_ragged(tmp_path: Path) -> None:
     assert "entry 1: position 0 does not follow position 2" in error_for(path, bos_token=BOS16)
     index.write_bytes(b"\0" * 6)
     assert "multiple of 4" in error_for(path, bos_token=BOS16)
+
+
+def test_bos_index_entries_must_strictly_increase(tmp_path: Path) -> None:
+    """Duplicated or decreasing entries, each a BOS position in range: the order is the fault."""
+    toks = np.array([BOS16, 1, BOS16, BOS16, 4, BOS16, 6])
+    path = write_shard(tmp_path / "d.bin", toks)
+    index = path.with_suffix(".bos.idx")
+    for entries, bad, message in [
+        ([0, 0, 2], 1, "position 0 does not follow position 0"),
+        ([5, 3], 1, "position 3 does not follow position 5"),
+        ([0, 2, 3, 3, 5], 3, "position 3 does not follow position 3"),
+    ]:
+        np.array(entries, dtype=np.int32).tofile(index)
+        msg = error_for(path, bos_token=BOS16)
+        assert f"{index} (BOS index of {path}): entry {bad}: {message}" in msg
+        assert "strictly increasing" in msg
+    np.array([0, 2, 3, 5], dtype=np.int32).tofile(index)
+    assert BinShard(path).bos_positions(BOS16).tolist() == [0, 2, 3, 5]
 
 
 def test_argument_errors(tmp_path: Path) -> None:

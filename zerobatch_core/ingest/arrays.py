@@ -8,15 +8,18 @@ Two layouts are accepted:
   ``num_tokens % seq_len`` tokens are dropped. Records never straddle two files, for the same
   reasons as nanoGPT shards (``nanogpt.py``).
 
-Files are opened with ``np.load(path, mmap_mode="r")`` and read a block at
-a time, never whole. The dtype must be an integer type (not bool); values are checked block by
-block against the uint32 range and a bad one is reported with the file, record and token (the
-writer checks too, but it cannot name the source file). Types that cannot hold an out-of-range
-value (uint8, uint16, uint32) are not checked.
+The ``.npy`` header (format 1.0 or 2.0) is parsed here and the data read a block at a time with
+positioned reads (``SourceFile``), never memory-mapped and never whole: a file truncated during a
+conversion gives an ``IngestError`` naming it ("truncated while reading"), not a ``SIGBUS``.
+C-ordered and Fortran-ordered arrays are both read. The dtype must be an integer type (not
+bool); values are checked block by block against the uint32 range and a bad one is reported
+with the file, record and token (the writer checks too, but it cannot name the source file).
+Types that cannot hold an out-of-range value (uint8, uint16, uint32) are not checked.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -26,10 +29,11 @@ import numpy.typing as npt
 
 from ..arguments import U32_MAX
 from ..errors import IngestError
-from ..pages import release_pages
 from .source import (
+    Drop,
     PathLike,
     Patterns,
+    SourceFile,
     U32Block,
     check_chunk_records,
     check_seq_len,
@@ -39,59 +43,85 @@ from .source import (
 IntArray = npt.NDArray[np.integer[Any]]
 
 
+NPZ_MAGIC = b"PK\x03\x04"
+"""A ``.npz`` archive is a zip file."""
+
+
 class ArrayFile:
-    """One ``.npy`` integer array, memory-mapped read-only, of shape ``[N, T]`` or ``[tokens]``."""
+    """One ``.npy`` integer array of shape ``[N, T]`` or ``[tokens]``, read with positioned reads.
+
+    Opening parses the header only and checks that the file holds all the data it declares.
+    """
 
     def __init__(self, path: PathLike) -> None:
         self.path = os.fspath(path)
         try:
-            loaded: Any = np.load(self.path, mmap_mode="r")
+            with open(self.path, "rb") as f:
+                if f.read(len(NPZ_MAGIC)) == NPZ_MAGIC:
+                    raise IngestError(
+                        f"{self.path}: expected a single .npy array, got a .npz archive"
+                    )
+                f.seek(0)
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise IngestError(
+                        f"{self.path}: .npy format version {version[0]}.{version[1]} is not "
+                        f"supported for token arrays (1.0 or 2.0)"
+                    )
+                self.offset = f.tell()
+                file_size = os.fstat(f.fileno()).st_size
         except (OSError, ValueError, EOFError) as e:
+            if isinstance(e, IngestError):
+                raise
             raise IngestError(f"{self.path}: not a readable .npy array: {e}") from e
-        if not isinstance(loaded, np.ndarray):  # an .npz archive
-            close = getattr(loaded, "close", None)
-            if close is not None:
-                close()
-            raise IngestError(
-                f"{self.path}: expected a single .npy array, got {type(loaded).__name__}"
-            )
-        array: np.ndarray[Any, Any] = loaded
-        if array.dtype.kind not in "ui":
-            raise IngestError(
-                f"{self.path}: field dtype: expected an integer dtype, got {array.dtype}"
-            )
-        if array.ndim not in (1, 2):
+        self._dtype: np.dtype[Any] = dtype
+        self._shape = tuple(int(d) for d in shape)
+        self.fortran_order = bool(fortran) and len(self._shape) > 1
+        if dtype.kind not in "ui":
+            raise IngestError(f"{self.path}: field dtype: expected an integer dtype, got {dtype}")
+        if len(self._shape) not in (1, 2):
             raise IngestError(
                 f"{self.path}: field shape: expected [num_records, seq_len] or [num_tokens], "
-                f"got {list(array.shape)}"
+                f"got {list(self._shape)}"
             )
-        self.array: IntArray = array
+        self.size = math.prod(self._shape)
+        expected = self.offset + self.size * dtype.itemsize
+        if file_size < expected:
+            raise IngestError(
+                f"{self.path}: field shape: {list(self._shape)} {dtype} needs a file of "
+                f"{expected:,} bytes ({self.offset}-byte header included), got {file_size:,} "
+                f"bytes (truncated array)"
+            )
 
     @property
     def dtype(self) -> np.dtype[Any]:
         """The array's dtype, as stored."""
-        return self.array.dtype
+        return self._dtype
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The array's shape, as stored."""
-        return tuple(int(d) for d in self.array.shape)
+        return self._shape
 
     def _check_layout(self, seq_len: int) -> int:
         """``seq_len`` checked against a 2-D array's rows."""
         t = check_seq_len(seq_len)
-        if self.array.ndim == 2 and self.array.shape[1] != t:
+        if len(self._shape) == 2 and self._shape[1] != t:
             raise IngestError(
                 f"{self.path}: field shape: expected [num_records, {t}] for seq_len={t}, got "
-                f"{list(self.array.shape)}"
+                f"{list(self._shape)}"
             )
         return t
 
     def count_records(self, seq_len: int) -> int:
         """Rows of a 2-D array, or ``num_tokens // seq_len`` for a flat one."""
         t = self._check_layout(seq_len)
-        n = int(self.array.shape[0])
-        return n if self.array.ndim == 2 else n // t
+        n = self._shape[0]
+        return n if len(self._shape) == 2 else n // t
 
     def iter_blocks(self, seq_len: int, chunk_records: int | None = None) -> Iterator[U32Block]:
         """This file's records as ``uint32 [k, seq_len]`` blocks of ``chunk_records`` records."""
@@ -99,15 +129,26 @@ class ArrayFile:
         k = check_chunk_records(chunk_records, t)
         return self._blocks(t, k)
 
+    def unused_tokens(self, seq_len: int) -> int:
+        """Tokens no record holds: a flat array's last ``num_tokens % seq_len`` (else 0)."""
+        return self.size - self.count_records(seq_len) * check_seq_len(seq_len)
+
     def _blocks(self, t: int, k: int) -> Iterator[U32Block]:
         n = self.count_records(t)
-        flat = self.array.ndim == 1
-        for r0 in range(0, n, k):
-            r1 = min(r0 + k, n)
-            rows = self.array[r0 * t : r1 * t].reshape(r1 - r0, t) if flat else self.array[r0:r1]
-            block = self._to_u32(np.asarray(rows), r0, flat)
-            release_pages(self.array)  # keep the resident set flat however big the array
-            yield block
+        flat = len(self._shape) == 1
+        item = self._dtype.itemsize
+        with SourceFile(self.path) as src:
+            for r0 in range(0, n, k):
+                m = min(r0 + k, n) - r0
+                if self.fortran_order:  # column c of rows [r0, r0 + m) is contiguous
+                    columns = np.empty((t, m), dtype=self._dtype)
+                    for c in range(t):
+                        src.read_into(self.offset + (c * n + r0) * item, columns[c])
+                    rows = columns.T
+                else:
+                    rows = np.empty((m, t), dtype=self._dtype)
+                    src.read_into(self.offset + r0 * t * item, rows)
+                yield self._to_u32(rows, r0, flat)
 
     def _to_u32(self, rows: IntArray, first: int, flat: bool) -> U32Block:
         """``rows`` as uint32, or an ``IngestError`` naming the first out-of-range token."""
@@ -124,7 +165,7 @@ class ArrayFile:
                     f"{self.path}: {where}: value {int(rows[r, c])} is outside the uint32 range "
                     f"[0, 2**32 - 1]"
                 )
-        return rows.astype(np.uint32)
+        return rows.astype(np.uint32, order="C", copy=False)  # ``rows`` is this block's own
 
     def __repr__(self) -> str:
         return f"ArrayFile({self.path!r}, shape={list(self.shape)}, dtype={self.dtype})"
@@ -219,6 +260,20 @@ class ArraySource:
     def iter_blocks(self) -> Iterator[U32Block]:
         """Every record once, file by file, as ``uint32 [k, seq_len]`` blocks."""
         return iter_records(self._arrays, self._seq_len, self.chunk_records)
+
+    @property
+    def source_tokens(self) -> int:
+        """Tokens in all the arrays (from their headers)."""
+        return sum(_open(a).size for a in self._arrays)
+
+    def drops(self) -> list[Drop]:
+        """The flat arrays' tails, which no record holds (records never straddle two files)."""
+        t = self._seq_len
+        tokens = sum(_open(a).unused_tokens(t) for a in self._arrays)
+        if not tokens:
+            return []
+        detail = f"the last num_tokens % {t} tokens of each flat array (records never span files)"
+        return [Drop("array_tails", 0, tokens, detail)]
 
     def __repr__(self) -> str:
         return f"ArraySource({len(self._arrays)} files, seq_len={self._seq_len})"

@@ -5,7 +5,15 @@ text (``.parquet``, ``.jsonl``/``.json``, ``.txt``) which is tokenized and packe
 through ``write_batch_dataset``, so memory stays bounded (see ``MEMORY_BOUND_BYTES``) and the
 output is still globally shuffled by the spec's record permutation; the file appears atomically
 at the end, so an interrupted conversion leaves nothing that looks valid, and a rerun simply
-starts again (temporary files of a killed run are removed by the next write to the same path).
+starts again (see ``zerobatch_core.writer`` for what a killed run can leave and how the next
+write into the directory removes it).
+
+Before anything is read or written, the output path is checked: it must not be one of the
+sources (same device and inode, ``.bos.idx`` side files included), must not exist unless
+``overwrite=True``, and, when the record count is known up front, must receive at least one
+batch unless ``allow_empty=True``. Sources are read with positioned reads, so a source truncated
+during the conversion raises an ``IngestError`` naming it, and no output or temporary file is
+left behind.
 """
 
 from __future__ import annotations
@@ -18,12 +26,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TextIO
 
 from ..arguments import U32_MAX, int_arg
-from ..errors import IngestError
-from ..writer import CHUNK_BYTES, write_batch_dataset
+from ..errors import IngestError, WriteError
+from ..writer import CHUNK_BYTES, check_output, write_batch_dataset
 from .arrays import ArraySource
-from .nanogpt import Align, NanoGPTSource
-from .packing import Mode
-from .source import RecordSource, U32Block, default_chunk_records
+from .nanogpt import Align, NanoGPTSource, bos_index_path
+from .packing import Mode, PackingStats
+from .source import CountsTokens, Drop, RecordSource, U32Block, default_chunk_records
 from .text import TextSource
 
 Kind = Literal["nanogpt", "npy", "text"]
@@ -47,9 +55,26 @@ window mapped at a time in ``writer.py``);
 ``benchmarks/ingest_memory.py`` measures it at 1x, 4x and 16x a corpus."""
 
 
+LARGE_DROP_FRACTION = 0.10
+"""A conversion that drops more than this share of the source's tokens says so in its summary."""
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``"1 record"``, ``"2 records"``, ``"1,024 batches"``: a count with its noun."""
+    noun = word if count == 1 else (many or f"{word}s")
+    return f"{count:,} {noun}"
+
+
 @dataclass
 class ConvertSummary:
-    """What a conversion produced."""
+    """What a conversion produced, and what it dropped.
+
+    ``records``, ``batches`` and ``tokens`` count what the output holds. ``records_read`` is
+    what the source yielded; the records past the last whole batch are ``dropped_records``.
+    ``source_tokens`` is what the source files hold (for text: document tokens plus one BOS
+    per document), where it is known, and ``dropped_tokens`` the source tokens that are not in
+    the output; ``drops`` says where they went, one ``Drop`` per reason.
+    """
 
     output: str
     kind: Kind
@@ -59,6 +84,10 @@ class ConvertSummary:
     tokens: int
     output_bytes: int
     seconds: float
+    records_read: int = 0
+    source_tokens: int | None = None
+    dropped_tokens: int = 0
+    drops: list[Drop] = field(default_factory=list)
     padding_fraction: float | None = None
     packing: dict[str, Any] = field(default_factory=dict)
 
@@ -67,22 +96,66 @@ class ConvertSummary:
         """Tokens written per second of wall time."""
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def dropped_fraction(self) -> float:
+        """Share of the source's tokens (or, where unknown, of its records) not written."""
+        if self.source_tokens:
+            return self.dropped_tokens / self.source_tokens
+        return self.dropped_records / self.records_read if self.records_read else 0.0
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {**asdict(self), "tokens_per_second": self.tokens_per_second}
+        return {
+            **asdict(self),
+            "tokens_per_second": self.tokens_per_second,
+            "dropped_fraction": self.dropped_fraction,
+        }
 
     def lines(self) -> list[str]:
-        """Human-readable summary lines."""
+        """Human-readable summary lines; a large drop (``LARGE_DROP_FRACTION``) is called out."""
         out = [
-            f"wrote {self.output}: {self.batches} batches, {self.records} records, "
-            f"{self.tokens:,} tokens, {self.output_bytes / 2**20:.1f} MiB",
-            f"  dropped remainder: {self.dropped_records} records "
-            f"(not a multiple of the batch size)",
-            f"  {self.tokens_per_second / 1e6:.1f}M tokens/s over {self.seconds:.1f} s",
+            f"wrote {self.output}: {plural(self.batches, 'batch', 'batches')}, "
+            f"{plural(self.records, 'record')}, {plural(self.tokens, 'token')}, "
+            f"{self.output_bytes / 2**20:.1f} MiB",
         ]
+        read = f"  read {plural(self.records_read, 'record')}"
+        if self.source_tokens is not None:
+            read += f" from {plural(self.source_tokens, 'source token')}"
+        out.append(read)
+        if not self.drops:
+            out.append("  dropped nothing")
+        for d in self.drops:
+            what = [plural(d.records, "record")] if d.records else []
+            what.append(plural(d.tokens, "token"))
+            out.append(f"  dropped {', '.join(what)}: {d.detail}")
+        if self.dropped_fraction > LARGE_DROP_FRACTION and self.drops:
+            worst = max(self.drops, key=lambda d: d.tokens)
+            warning = (
+                f"  warning: {self.dropped_fraction:.1%} of the input was dropped, most of it "
+                f"as {worst.reason.replace('_', ' ')}"
+            )
+            advice = _DROP_ADVICE.get(worst.reason)
+            out.append(f"{warning}; {advice}" if advice else warning)
+        out.append(f"  {self.tokens_per_second / 1e6:.1f}M tokens/s over {self.seconds:.1f} s")
         if self.padding_fraction is not None:
             out.append(f"  padding fraction: {self.padding_fraction:.4f}")
         return out
+
+
+_DROP_ADVICE = {
+    "batch_remainder": "a smaller batch size keeps more records",
+    "bos_alignment": (
+        "records start only at BOS tokens, so documents longer than the sequence length lose "
+        "their tail; a longer sequence length or contiguous alignment keeps more"
+    ),
+    "shard_tails": "a shorter sequence length keeps more of each shard",
+    "array_tails": "a shorter sequence length keeps more of each array",
+    "final_partial_record": "a shorter sequence length keeps more",
+    "truncated_documents": (
+        "documents longer than the sequence length are cut; packing, or a longer sequence "
+        "length, keeps them whole"
+    ),
+}
 
 
 def detect_kind(paths: Sequence[str]) -> Kind:
@@ -188,6 +261,47 @@ def progress_bar(seq_len: int, stream: TextIO | None = None) -> Progress:
     return show
 
 
+def source_files(src: RecordSource) -> list[str]:
+    """Every file ``src`` reads: its sources and, for nanoGPT shards, their ``.bos.idx`` files."""
+    if isinstance(src, NanoGPTSource):
+        shards = src.shards
+        return [*shards, *(i for i in map(bos_index_path, shards) if os.path.exists(i))]
+    if isinstance(src, ArraySource):
+        return src.paths
+    if isinstance(src, TextSource):
+        return src.files
+    return []
+
+
+def _drops(
+    src: RecordSource, read: int, kept: int, batch_size: int, seq_len: int
+) -> tuple[int | None, list[Drop]]:
+    """The source's token count (where known) and every drop of the conversion, by reason."""
+    drops: list[Drop] = []
+    source_tokens: int | None = None
+    stats: PackingStats | None = getattr(src, "stats", None)
+    if isinstance(src, CountsTokens):
+        source_tokens = src.source_tokens
+        drops.extend(src.drops())
+    elif stats is not None:
+        source_tokens = stats.documents + stats.tokens
+        if stats.truncated_tokens:
+            detail = (
+                f"the tails of {plural(stats.truncated_documents, 'document')} longer than a "
+                f"record ({seq_len} tokens with the BOS)"
+            )
+            drops.append(Drop("truncated_documents", 0, stats.truncated_tokens, detail))
+        if stats.dropped_tail_tokens:
+            detail = f"the final partial record (fewer than {seq_len} tokens)"
+            drops.append(Drop("final_partial_record", 0, stats.dropped_tail_tokens, detail))
+    if read > kept:
+        detail = (
+            f"the records past the last whole batch of {batch_size} (the output is whole batches)"
+        )
+        drops.append(Drop("batch_remainder", read - kept, (read - kept) * seq_len, detail))
+    return source_tokens, drops
+
+
 def convert(
     sources: Sequence[str],
     output: str,
@@ -196,25 +310,52 @@ def convert(
     batch_size: int,
     seed: int = 0,
     progress: Progress | None = None,
+    overwrite: bool = False,
+    allow_empty: bool = False,
     **source_options: Any,
 ) -> ConvertSummary:
-    """Convert ``sources`` to the LLMBATCH file ``output``; see ``open_source`` for options."""
+    """Convert ``sources`` to the LLMBATCH file ``output``; see ``open_source`` for options.
+
+    Refused with a ``WriteError`` before any record is read: an ``output`` that is one of the
+    source files (or a shard's ``.bos.idx``), always; an existing ``output`` unless
+    ``overwrite=True``; and, when the source knows its record count up front (nanoGPT shards,
+    ``.npy`` arrays), fewer records than ``batch_size`` unless ``allow_empty=True`` (text
+    sources are checked once they have been read, before the output is created).
+    """
     t = int_arg("seq_len", seq_len, 1, U32_MAX, IngestError)
+    b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
     kind: Kind = source_options.pop("kind", None) or detect_kind([os.fspath(x) for x in sources])
     src = open_source(sources, t, kind=kind, **source_options)
-    counted = _Counted(src.iter_blocks(), progress, src.num_records)
-    batches = write_batch_dataset(output, counted, src.num_records, batch_size, t, seed)
+    check_output(output, overwrite=overwrite, inputs=source_files(src))
+    total = src.num_records
+    if total is not None and total < b and not allow_empty:
+        raise WriteError(
+            f"{output}: the output would hold 0 batches: the sources give "
+            f"{plural(total, 'record')} of {t} tokens, fewer than batch_size={b}; pass "
+            f"allow_empty=True (--allow-empty on the command line) to write a file without "
+            f"batches, or use a smaller batch size or sequence length"
+        )
+    counted = _Counted(src.iter_blocks(), progress, total)
+    batches = write_batch_dataset(
+        output, counted, total, b, t, seed, overwrite=overwrite, allow_empty=allow_empty
+    )
     seconds = time.perf_counter() - counted.start
+    kept = batches * b
+    source_tokens, drops = _drops(src, counted.records, kept, b, t)
     stats = getattr(src, "stats", None)
     return ConvertSummary(
         output=output,
         kind=kind,
-        records=counted.records,
+        records=kept,
         batches=batches,
-        dropped_records=counted.records - batches * batch_size,
-        tokens=batches * batch_size * t,
+        dropped_records=counted.records - kept,
+        tokens=kept * t,
         output_bytes=os.path.getsize(output),
         seconds=seconds,
+        records_read=counted.records,
+        source_tokens=source_tokens,
+        dropped_tokens=sum(d.tokens for d in drops),
+        drops=drops,
         padding_fraction=None if stats is None else float(stats.padding_fraction),
         packing={} if stats is None else stats.to_dict(),
     )

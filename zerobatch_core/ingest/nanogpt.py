@@ -13,7 +13,10 @@ nemo_automodel's ``tools/nanogpt_data_processor.py``)::
 
 ``BinShard`` checks every header field and that the file is exactly
 ``1024 + num_tokens * itemsize`` bytes (a shorter file is a truncated shard, a longer one is not
-what the header describes), then memory-maps the tokens read-only; nothing reads them whole.
+what the header describes). Tokens are read a few MiB at a time with positioned reads
+(``SourceFile``), never memory-mapped and never whole: a shard truncated during a conversion gives
+an ``IngestError`` naming it and the offset ("truncated while reading"), where a mapped read would
+end the process with ``SIGBUS``.
 
 ``.bos.idx`` (optional, beside the shard: ``x.bin`` -> ``x.bos.idx``) is a bare
 ``int32[n_bos]`` array. Its entries are **token positions**: indices into the token array,
@@ -42,8 +45,9 @@ must be the BOS token; otherwise an ``IngestError`` names the index file, the en
 position and the shard. An index from the buggy writer fails this check (its first entry is at
 least 1024 and rarely a BOS); delete it or pass ``use_bos_index=False`` to scan instead.
 Completeness (that no BOS token is missing from the index) is not checked: that needs the full
-scan the index exists to avoid, and the reference readers trust it the same way. Without an
-index, BOS positions come from a vectorised scan of the memory map, a few MiB at a time.
+scan the index exists to avoid, and the reference readers trust it the same way. Checking the
+tokens at the entries reads only the pieces of the shard that hold them. Without an index, BOS
+positions come from a vectorised scan of the tokens, a few MiB at a time.
 
 Records of ``seq_len`` tokens are cut from each shard on its own:
 
@@ -77,10 +81,11 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..arguments import U32_MAX, int_arg
 from ..errors import IngestError
-from ..pages import release_pages
 from .source import (
+    Drop,
     PathLike,
     Patterns,
+    SourceFile,
     U32Block,
     check_chunk_records,
     check_seq_len,
@@ -107,6 +112,9 @@ VERSION = 1
 BOS_INDEX_SUFFIX = ".bos.idx"
 SCAN_CHUNK_BYTES = 4 * 2**20
 """Bytes of tokens (or index entries) examined at once when scanning or validating."""
+PIECE_BYTES = 64 * 2**10
+"""Bytes read around each ``.bos.idx`` entry to check its token: entries in one piece share a
+read, and a sparse index reads little of the shard."""
 
 _LLMC_LLAMA3_MAGIC = 20240801
 _INDEX_HINT = (
@@ -125,9 +133,9 @@ def bos_index_path(path: PathLike) -> str:
 
 
 class BinShard:
-    """One validated, read-only, memory-mapped nanoGPT ``.bin`` shard.
+    """One validated nanoGPT ``.bin`` shard, read with positioned reads.
 
-    Opening reads only the 1024-byte header; ``tokens`` is a view of the memory map. With
+    Opening reads only the 1024-byte header; ``read_tokens`` reads a range of tokens. With
     ``use_bos_index=False`` a ``.bos.idx`` beside the shard is ignored and BOS positions are
     always found by scanning.
     """
@@ -175,25 +183,28 @@ class BinShard:
                 f"{self.file_size} bytes ({state})",
             )
         self.dtype: np.dtype[np.unsignedinteger[Any]] = SHARD_TOKEN_DTYPES[self.itemsize]
-        tokens: TokenArray
-        if self.num_tokens == 0:  # an empty file region cannot be mapped
-            tokens = np.zeros(0, dtype=self.dtype)
-            tokens.flags.writeable = False
-        else:
-            mapped = np.memmap(
-                self.path, dtype=self.dtype, mode="r", offset=HEADER_BYTES, shape=(self.num_tokens,)
-            )
-            tokens = mapped.view(np.ndarray)  # a plain read-only view; keeps the map alive
-        self._tokens = tokens
         self._bos_cache: dict[int, I64Array] = {}
 
     def _field_error(self, field: str, expected: object, actual: object) -> IngestError:
         return IngestError(f"{self.path}: header field {field}: expected {expected}, got {actual}")
 
-    @property
-    def tokens(self) -> TokenArray:
-        """The shard's tokens: a read-only 1-D uint16/uint32 view of the memory map."""
-        return self._tokens
+    def _open(self) -> SourceFile:
+        """The shard for positioned reads of its tokens."""
+        return SourceFile(self.path)
+
+    def _read(self, src: SourceFile, start: int, out: TokenArray) -> None:
+        """Tokens ``[start, start + out.size)`` into ``out`` (of ``self.dtype``)."""
+        src.read_into(HEADER_BYTES + start * self.itemsize, out)
+
+    def read_tokens(self, start: int = 0, stop: int | None = None) -> TokenArray:
+        """Tokens ``[start, stop)`` (default: all) as a fresh uint16/uint32 array."""
+        end = self.num_tokens if stop is None else min(stop, self.num_tokens)
+        begin = min(max(start, 0), end)
+        out = np.empty(end - begin, dtype=self.dtype)
+        if out.size:
+            with self._open() as src:
+                self._read(src, begin, out)
+        return out
 
     @property
     def bos_index_path(self) -> str:
@@ -229,52 +240,81 @@ class BinShard:
         return found
 
     def _scan_bos(self, bos: int) -> I64Array:
-        """BOS positions by comparing the memory map a chunk at a time (bounded memory)."""
+        """BOS positions by comparing the tokens a chunk at a time (bounded memory)."""
         step = max(1, SCAN_CHUNK_BYTES // self.itemsize)
         target = self.dtype.type(bos)
-        parts = []
-        for s in range(0, self.num_tokens, step):
-            parts.append(np.flatnonzero(self._tokens[s : s + step] == target).astype(np.int64) + s)
-            release_pages(self._tokens)
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        parts = [np.zeros(0, dtype=np.int64)]
+        buf = np.empty(min(step, self.num_tokens), dtype=self.dtype)
+        with self._open() as src:
+            for s in range(0, self.num_tokens, step):
+                chunk = buf[: min(step, self.num_tokens - s)]
+                self._read(src, s, chunk)
+                parts.append(np.flatnonzero(chunk == target).astype(np.int64) + s)
+        return np.concatenate(parts)
+
+    def _tokens_at(self, src: SourceFile, positions: I64Array) -> TokenArray:
+        """The tokens at ``positions`` (each in ``[0, num_tokens)``, any order), reading only
+        the ``PIECE_BYTES`` pieces of the shard that hold them."""
+        out = np.empty(positions.size, dtype=self.dtype)
+        if positions.size == 0:
+            return out
+        piece = max(1, PIECE_BYTES // self.itemsize)
+        order = np.argsort(positions, kind="stable")
+        ranked = positions[order]
+        ids = ranked // piece
+        cuts = np.flatnonzero(np.diff(ids)) + 1
+        firsts = np.concatenate([[0], cuts]).tolist()
+        ends = np.concatenate([cuts, [ranked.size]]).tolist()
+        buf = np.empty(piece, dtype=self.dtype)
+        for a, e in zip(firsts, ends, strict=True):
+            lo = int(ranked[a])  # read from the first entry to the last of this piece
+            chunk = buf[: int(ranked[e - 1]) - lo + 1]
+            self._read(src, lo, chunk)
+            out[order[a:e]] = chunk[ranked[a:e] - lo]
+        return out
 
     def _read_bos_index(self, bos: int) -> I64Array:
         """The ``.bos.idx`` as int64 token positions, after checking every entry (see module)."""
         idx = self.bos_index_path
         where = f"{idx} (BOS index of {self.path})"
-        size = os.path.getsize(idx)
         entry = BOS_INDEX_DTYPE.itemsize
-        if size % entry:
-            raise IngestError(
-                f"{where}: field size: expected a multiple of {entry} bytes (int32 entries), "
-                f"got {size}"
-            )
-        pos = np.fromfile(idx, dtype=BOS_INDEX_DTYPE).astype(np.int64)
+        with SourceFile(idx) as index:
+            size = index.size()
+            if size % entry:
+                raise IngestError(
+                    f"{where}: field size: expected a multiple of {entry} bytes (int32 "
+                    f"entries), got {size}"
+                )
+            raw = np.empty(size // entry, dtype=BOS_INDEX_DTYPE)
+            index.read_into(0, raw)
+        pos = raw.astype(np.int64)
         n, target = self.num_tokens, self.dtype.type(bos)
         step = max(1, SCAN_CHUNK_BYTES // 8)
-        for s in range(0, pos.size, step):  # one pass; the first bad entry is reported
-            p = pos[s : s + step]
-            prev = np.concatenate([pos[s - 1 : s] if s else np.full(1, -1, np.int64), p[:-1]])
-            outside = (p < 0) | (p >= n)
-            got = self._tokens[np.where(outside, 0, p)] if n else np.zeros(p.size, self.dtype)
-            bad = np.flatnonzero(outside | (p <= prev) | (got != target))
-            if not bad.size:
-                continue
-            j = int(bad[0])
-            i, at = s + j, int(p[j])
-            if outside[j]:
-                problem = f"position {at} is outside the shard's tokens [0, {n}){_INDEX_HINT}"
-            elif at <= prev[j]:
-                problem = (
-                    f"position {at} does not follow position {int(prev[j])}; expected strictly "
-                    f"increasing token positions"
-                )
-            else:
-                problem = (
-                    f"token position {at} holds token {int(got[j])}, not the BOS token {bos}"
-                    f"{_INDEX_HINT}"
-                )
-            raise IngestError(f"{where}: entry {i}: {problem}")
+        with self._open() as src:
+            for s in range(0, pos.size, step):  # one pass; the first bad entry is reported
+                p = pos[s : s + step]
+                prev = np.concatenate([pos[s - 1 : s] if s else np.full(1, -1, np.int64), p[:-1]])
+                outside = (p < 0) | (p >= n)
+                got = np.zeros(p.size, self.dtype)
+                got[~outside] = self._tokens_at(src, p[~outside])
+                bad = np.flatnonzero(outside | (p <= prev) | (got != target))
+                if not bad.size:
+                    continue
+                j = int(bad[0])
+                i, at = s + j, int(p[j])
+                if outside[j]:
+                    problem = f"position {at} is outside the shard's tokens [0, {n}){_INDEX_HINT}"
+                elif at <= prev[j]:
+                    problem = (
+                        f"position {at} does not follow position {int(prev[j])}; expected "
+                        f"strictly increasing token positions"
+                    )
+                else:
+                    problem = (
+                        f"token position {at} holds token {int(got[j])}, not the BOS token {bos}"
+                        f"{_INDEX_HINT}"
+                    )
+                raise IngestError(f"{where}: entry {i}: {problem}")
         return pos
 
     def record_starts(
@@ -320,20 +360,37 @@ class BinShard:
 
     def _contiguous_blocks(self, t: int, k: int) -> Iterator[U32Block]:
         n = self.num_tokens // t
-        for r0 in range(0, n, k):
-            r1 = min(r0 + k, n)
-            block = self._tokens[r0 * t : r1 * t].reshape(r1 - r0, t).astype(np.uint32)
-            release_pages(self._tokens)  # keep the resident set flat however big the shard
-            yield block
+        with self._open() as src:
+            for r0 in range(0, n, k):
+                rows = np.empty((min(r0 + k, n) - r0, t), dtype=self.dtype)
+                self._read(src, r0 * t, rows)
+                yield rows.astype(np.uint32, copy=False)  # ``rows`` is this block's own
 
     def _gathered_blocks(self, starts: I64Array, t: int, k: int) -> Iterator[U32Block]:
+        """Records of ``t`` tokens at ``starts`` (ascending, non-overlapping).
+
+        Each read covers the records that end within one window (``SCAN_CHUNK_BYTES`` of
+        tokens, at least ``t`` tokens) from the first of them, up to the end of the last: a run
+        of nearby records is one read, and the gaps between far-apart records are never read.
+        """
         if starts.size == 0:
             return
-        windows = sliding_window_view(self._tokens, t)  # [num_tokens - t + 1, t], no copy
-        for i in range(0, starts.size, k):
-            block = np.asarray(windows[starts[i : i + k]], dtype=np.uint32)
-            release_pages(self._tokens)
-            yield block
+        window = max(t, SCAN_CHUNK_BYTES // self.itemsize)
+        buf = np.empty(window, dtype=self.dtype)
+        with self._open() as src:
+            for i in range(0, starts.size, k):
+                part = starts[i : i + k]
+                block = np.empty((part.size, t), dtype=np.uint32)
+                j = 0
+                while j < part.size:
+                    lo = int(part[j])
+                    # records [j, e) end within tokens [lo, lo + window)
+                    e = max(j + 1, int(np.searchsorted(part, lo + window - t, side="right")))
+                    chunk = buf[: int(part[e - 1]) + t - lo]
+                    self._read(src, lo, chunk)
+                    block[j:e] = sliding_window_view(chunk, t)[part[j:e] - lo]
+                    j = e
+                yield block
 
     def __repr__(self) -> str:
         return (
@@ -395,7 +452,7 @@ def expand_shards(patterns: Patterns) -> list[str]:
 
 
 def _resolve(shards: Shards) -> list[BinShard | str]:
-    """Paths expanded (not yet opened: one shard is mapped at a time), ``BinShard``s kept."""
+    """Paths expanded (not yet opened: one shard is read at a time), ``BinShard``s kept."""
     if isinstance(shards, (BinShard, str, os.PathLike)):
         shards = [shards]
     out: list[BinShard | str] = []
@@ -526,6 +583,29 @@ class NanoGPTSource:
             yield from shard.iter_blocks(
                 self._seq_len, self.align, self.bos_token, self.chunk_records, starts=starts
             )
+
+    @property
+    def source_tokens(self) -> int:
+        """Tokens in all the shards (from their headers)."""
+        return sum(_open(s, self.use_bos_index).num_tokens for s in self._shards)
+
+    def drops(self) -> list[Drop]:
+        """Shard tokens that no record holds, and why (see the module docstring)."""
+        tokens = self.source_tokens - self.num_records * self._seq_len
+        if not tokens:
+            return []
+        if self.align == "contiguous":
+            detail = (
+                f"the last num_tokens % {self._seq_len} tokens of each shard (records never "
+                f"span shards)"
+            )
+            return [Drop("shard_tails", 0, tokens, detail)]
+        detail = (
+            f"tokens outside the records that start at a BOS token ({self.bos_token}): before "
+            f"each shard's first BOS, from each record's end to the next BOS, and at each "
+            f"shard's end"
+        )
+        return [Drop("bos_alignment", 0, tokens, detail)]
 
     def __repr__(self) -> str:
         return (

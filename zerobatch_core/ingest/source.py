@@ -9,6 +9,11 @@ exactly what ``write_batch_dataset`` consumes::
 ``num_records`` is ``None`` when the count is only known once the data has been read (text
 sources); the writer accepts ``total_records=None``. Blocks are bounded (a few MiB), so a
 converter's memory never depends on the dataset size.
+
+Sources that read files of their own (nanoGPT shards, ``.npy`` arrays) read them with positioned
+reads into NumPy buffers (``SourceFile``), never through a memory map: a file truncated while it
+is being converted then gives an ``IngestError`` naming the file and offset, where a mapped read
+would end the process with ``SIGBUS``.
 """
 
 from __future__ import annotations
@@ -16,14 +21,16 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 from zerobatch_spec import TOKEN_BYTES
 
 from ..arguments import U32_MAX, int_arg
-from ..errors import IngestError
+from ..errors import IngestError, ZeroBatchIOError
 
 U32Block = npt.NDArray[np.uint32]
 """A block of records: ``uint32 [k, seq_len]``, C-contiguous, owned by the caller."""
@@ -54,6 +61,98 @@ class RecordSource(Protocol):
     def iter_blocks(self) -> Iterator[U32Block]:
         """Yield every record once, in source order, as ``uint32 [k, seq_len]`` blocks."""
         ...
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Input that did not reach the output, and why (for a conversion's summary)."""
+
+    reason: str
+    """A stable key: ``batch_remainder``, ``shard_tails``, ``bos_alignment``, ``array_tails``,
+    ``final_partial_record``, ``truncated_documents``."""
+    records: int
+    """Whole records dropped (0 for tokens that never became a record)."""
+    tokens: int
+    """Source tokens dropped."""
+    detail: str
+    """What was dropped, in words."""
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """A source that can tell how many tokens it holds and which it did not cut into records."""
+
+    @property
+    def source_tokens(self) -> int:
+        """Tokens in the source files."""
+        ...
+
+    def drops(self) -> list[Drop]:
+        """Source tokens that no record holds, by reason (empty if every token is in a record)."""
+        ...
+
+
+class SourceFile:
+    """A source file opened for positioned reads (``os.preadv``) into NumPy buffers.
+
+    Never a memory map: a mapped file that shrinks under its reader kills the process with
+    ``SIGBUS``, while a short read here raises an ``IngestError`` that names the file, the offset
+    and the bytes expected and got. Use as a context manager, or ``close`` it.
+    """
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = os.fspath(path)
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise ZeroBatchIOError(
+                e.errno or 0, f"cannot open source file: {e.strerror or e}", self.path
+            ) from e
+
+    def size(self) -> int:
+        """The file's size now, in bytes."""
+        return os.fstat(self.fd).st_size
+
+    def read_into(self, offset: int, out: npt.NDArray[Any]) -> None:
+        """Fill ``out`` (C-contiguous) with the file's bytes from ``offset``.
+
+        A file that ends before ``out`` is full raises an ``IngestError`` ("truncated while
+        reading"); an OS error (``EIO``) a ``ZeroBatchIOError`` naming the file.
+        """
+        view = memoryview(out.reshape(-1).view(np.uint8).data)
+        want, done = len(view), 0
+        while done < want:
+            try:
+                n = os.preadv(self.fd, [view[done:]], offset + done)
+            except OSError as e:
+                raise ZeroBatchIOError(
+                    e.errno or 0,
+                    f"cannot read {want:,} bytes at offset {offset:,}: {e.strerror or e}",
+                    self.path,
+                ) from e
+            if n == 0:
+                raise IngestError(
+                    f"{self.path}: truncated while reading: expected {want:,} bytes at offset "
+                    f"{offset:,}, got {done:,} (the file is now {self.size():,} bytes)"
+                )
+            done += n
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> SourceFile:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 def default_chunk_records(seq_len: int, block_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
