@@ -42,32 +42,57 @@ def register(commands: Any) -> None:
     p = commands.add_parser(
         "conformance",
         help="run the conformance vectors against an implementation (PROTOCOL.md)",
-        description="Run every conformance vector against an implementation and report each "
-        "check; exit 0 when all pass, 1 otherwise.",
+        description="Run every conformance vector (valid and broken files, shuffle-order "
+        "queries) against an implementation of LLMBATCH and report each check. The "
+        "implementation is a command that answers one vector as JSON, as the protocol in "
+        "conformance/PROTOCOL.md describes; by default ZeroBatch's own probe answers.\n\n"
+        "exit status: 0 every check passed, 1 a check failed, 2 a bad --impl command.",
+        epilog="examples:\n"
+        "  zerobatch conformance\n"
+        "  zerobatch conformance --impl './my_reader {path}' --only file\n"
+        "  zerobatch conformance --json > report.json",
     )
     p.add_argument(
         "--impl",
         default=None,
-        help="command to run per vector, with a {path} placeholder "
+        metavar="CMD",
+        help="command run once per vector; {path} is replaced by the vector's path "
         "(default: ZeroBatch's own probe)",
     )
     p.add_argument(
-        "--vectors", default=None, help="vector directory (default: the shipped vectors)"
+        "--vectors",
+        default=None,
+        metavar="DIR",
+        help="directory of vectors (default: the vectors shipped with ZeroBatch)",
     )
-    p.add_argument("--only", default=None, help="comma-separated kinds to run: file,query")
+    p.add_argument(
+        "--only",
+        default=None,
+        metavar="KINDS",
+        help="comma-separated kinds of vector to run, among file and query (default: all)",
+    )
     p.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
-        help="seconds allowed per invocation (default: %(default)s)",
+        metavar="SECONDS",
+        help="time allowed to each run of the command (default: %(default)s)",
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON (default: one line per check, then a summary)",
+    )
     p.set_defaults(func=cmd_conformance)
 
     p = commands.add_parser(
         "probe",
         help="answer one conformance vector as JSON (PROTOCOL.md)",
-        description="Print ZeroBatch's answer to one conformance vector as JSON.",
+        description="Print ZeroBatch's answer to one conformance vector as JSON, as "
+        "conformance/PROTOCOL.md specifies: for a .batch file whether it is valid (with the "
+        "error code if not) and what it holds; for a .query.json file the order asked for. "
+        "This is the command 'zerobatch conformance' runs by default.",
+        epilog="example:\n  zerobatch probe conformance/vectors/bad-magic-lowercase.batch",
     )
-    p.add_argument("path", help="a .batch vector or a .query.json file")
+    p.add_argument("path", metavar="PATH", help="a .batch vector or a .query.json file")
     p.set_defaults(func=cmd_probe)

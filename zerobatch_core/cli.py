@@ -1,32 +1,125 @@
 """The ``zerobatch`` command line: inspect, validate, write, convert, demo, and plugged-in commands.
 
-Exit status: 0 success (a valid file), 1 an invalid file or a failed check, 2 a usage error or
-a file that cannot be opened.
+Every command ends with one of the exit statuses in ``EXIT_CODES`` (printed by
+``zerobatch --help`` and listed in the README). Errors are one line on stderr, never a traceback,
+unless ``--debug`` is given:
+
+- ZeroBatch errors raised by the API are worded for the command line: Python parameter names
+  (``pad_id``, ``mode='pad'``) become the flags that set them (``--pad-id``, ``--mode pad``), see
+  ``flag_message``. Such an error, one that names a flag of the command, is a usage error; the
+  others are about the data (an invalid file, a token out of range) and exit 1.
+- ``OSError`` (a missing or unreadable path, a full disk) is a usage error naming the path.
+- ``MissingDependencyError`` (an optional library not installed) exits 3 with the install command.
+- Anything else is a bug: one line, exit 70 (``EX_SOFTWARE`` of ``sysexits.h``), and ``--debug``
+  shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+import textwrap
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
-from zerobatch_spec import U32_MAX
+from zerobatch_spec import DTYPE_UINT32, HEADER_SIZE, TOKEN_DTYPE, U32_MAX
 
-from .errors import FormatError, ZeroBatchError
+from . import __version__
+from .errors import FormatError, MissingDependencyError, WriteError, ZeroBatchError
 from .reader import BatchFileReader
 from .validation import validate_file
-from .writer import write_batch_file
 
-EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+if TYPE_CHECKING:
+    from .ingest.convert import ConvertSummary, Progress
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_USAGE = 2
+EXIT_MISSING_DEPENDENCY = 3
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "success (validate: the file is valid)"),
+    (EXIT_INVALID, "an invalid file, input data that cannot be converted, or a failed check"),
+    (
+        EXIT_USAGE,
+        "a usage error: bad or conflicting options, a path that cannot be read or written, an "
+        "output that exists (see --overwrite) or that would hold no batch (see --allow-empty)",
+    ),
+    (EXIT_MISSING_DEPENDENCY, "an optional dependency is missing; the message names the extra"),
+    (EXIT_INTERNAL, "an internal error (a bug in ZeroBatch): run with --debug for the traceback"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+)
+"""Every exit status of ``zerobatch`` and what it means, in the order ``--help`` prints them."""
+
+DTYPE_NAMES: Mapping[int, str] = {DTYPE_UINT32: TOKEN_DTYPE.name}
+"""The name of each token dtype code, shown by ``inspect`` beside the code."""
 
 
-def _fail(message: str, status: int) -> int:
-    print(f"zerobatch: {message}", file=sys.stderr)
-    return status
+class UsageError(Exception):
+    """The command cannot run as given (a path, an option value); exits ``EXIT_USAGE``."""
+
+
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    """``"1 batch"``, ``"2 batches"``: ``n`` and the word in the right number."""
+    many = plural or (word + "es" if word.endswith(("s", "sh", "ch", "x")) else word + "s")
+    return f"{n:,} {word if n == 1 else many}"
+
+
+# --- paths --------------------------------------------------------------------------------------
+
+
+def _check_readable(path: str) -> None:
+    """A ``UsageError`` unless ``path`` is a regular file this process can read."""
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: no such file")
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: not a regular file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{path}: cannot be read: {e.strerror or e}") from e
+
+
+def _readable_inputs(patterns: Sequence[str]) -> list[str]:
+    """The files named by ``patterns`` (paths or quoted glob patterns), each one checked to be a
+    readable regular file; a ``UsageError`` names the first that is not."""
+    found: list[str] = []
+    for pattern in patterns:
+        if glob.has_magic(pattern) and not os.path.exists(pattern):
+            matches = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+            if not matches:
+                raise UsageError(f"{pattern}: no file matches this pattern")
+            found.extend(matches)
+            continue
+        _check_readable(pattern)
+        found.append(pattern)
+    return found
+
+
+def _check_output(args: argparse.Namespace, inputs: Sequence[str]) -> None:
+    """The writers' own checks of ``args.output`` (``writer.check_output``: not a directory, in
+    an existing directory, not one of ``inputs``, not an existing file unless ``--overwrite``),
+    made before anything is read, and reported as usage errors."""
+    from .writer import check_output
+
+    try:
+        check_output(args.output, overwrite=args.overwrite, inputs=inputs)
+    except WriteError as e:
+        raise UsageError(flag_message(str(e), args.option_flags)[0]) from e
+
+
+# --- commands -----------------------------------------------------------------------------------
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -34,21 +127,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         reader = BatchFileReader(args.file)
     except FormatError as e:
         if args.json:
-            print(
-                json.dumps(
-                    {
-                        "path": e.path,
-                        "valid": False,
-                        "error": {"code": e.code.value, "field": e.field, "detail": e.detail},
-                    }
-                )
-            )
-        return _fail(str(e), EXIT_INVALID)
+            error = {"code": e.code.value, "field": e.field, "detail": e.detail}
+            print(json.dumps({"path": e.path, "valid": False, "error": error}))
+        print(f"zerobatch inspect: {e}", file=sys.stderr)
+        return EXIT_INVALID
     with reader:
         h = reader.header
         info = {
             "path": reader.path,
             **h.as_dict(),
+            "dtype_name": DTYPE_NAMES.get(h.dtype, "unknown"),
             "raw_batch_bytes": h.raw_batch_bytes,
             "padded_batch_bytes": h.padded_batch_bytes,
             "padding_fraction": 1 - h.raw_batch_bytes / h.padded_batch_bytes,
@@ -58,11 +146,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         }
     if args.json:
         print(json.dumps(info))
-    else:
-        width = max(len(k) for k in info)
-        for k, v in info.items():
-            shown = f"{v:.4f}" if isinstance(v, float) else v
-            print(f"{k:<{width}}  {shown}")
+        return EXIT_OK
+    shown = {k: v for k, v in info.items() if k != "dtype_name"}
+    shown["dtype"] = f"{h.dtype} ({info['dtype_name']})"
+    width = max(len(k) for k in shown)
+    for k, v in shown.items():
+        print(f"{k:<{width}}  {f'{v:.4f}' if isinstance(v, float) else v}")
     return EXIT_OK
 
 
@@ -73,68 +162,135 @@ def cmd_validate(args: argparse.Namespace) -> int:
     elif report.valid:
         h = report.header
         assert h is not None
-        mode = "deep" if args.deep else "header and size"
+        mode = "header, size and padding" if report.deep else "header and size"
         print(
-            f"OK {report.path}: {h.num_batches} batches of [{h.batch_size}, {h.seq_len}] "
-            f"({mode} checks)"
+            f"OK {report.path}: {_plural(h.num_batches, 'batch')} of "
+            f"[{h.batch_size}, {h.seq_len}] ({mode} checks)"
         )
     else:
         print(f"INVALID {report.path}: {report.code}: field {report.field}: {report.detail}")
     return EXIT_OK if report.valid else EXIT_INVALID
 
 
-def cmd_write(args: argparse.Namespace) -> int:
+class _ProgressDisplay:
+    """The progress display, drawn only on a terminal: a log file gets no carriage returns."""
+
+    def __init__(self, args: argparse.Namespace, seq_len: int, stream: TextIO) -> None:
+        from .ingest.convert import progress_bar
+
+        show = not (args.quiet or args.json) and stream.isatty()
+        self.stream = stream
+        self.progress: Progress | None = progress_bar(seq_len, stream) if show else None
+
+    def __enter__(self) -> Progress | None:
+        return self.progress
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:  # end the progress line, before any error message
+            print(file=self.stream)
+
+
+def _print_summary(args: argparse.Namespace, summary: ConvertSummary) -> None:
+    """The summary of ``write`` and ``convert``: JSON, text, or nothing (``--quiet``)."""
+    if args.json:
+        print(json.dumps(summary.as_dict()))
+    elif not args.quiet:
+        print("\n".join(summary.lines()))
+
+
+def _npy_shape(path: str) -> list[int]:
+    """The shape of the ``.npy`` array at ``path`` (mapped, not read); never unpickles."""
+    _check_readable(path)
     try:
-        tokens = np.load(args.input, mmap_mode="r")
-    except ValueError as e:
-        return _fail(f"{args.input}: not a readable .npy array: {e}", EXIT_USAGE)
-    n = write_batch_file(
-        args.output, tokens, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed
-    )
-    print(
-        f"wrote {args.output}: {n} batches of [{args.batch_size}, {tokens.shape[1]}] "
-        f"from {tokens.shape[0]} records (seed {args.seed}, "
-        f"{tokens.shape[0] - n * args.batch_size} dropped)"
-    )
+        loaded: Any = np.load(path, mmap_mode="r")
+    except (ValueError, EOFError) as e:
+        raise UsageError(f"{path}: not a readable .npy array: {e}") from e
+    if not isinstance(loaded, np.ndarray):
+        raise UsageError(f"{path}: expected one .npy array, got a {type(loaded).__name__}")
+    return [int(d) for d in loaded.shape]
+
+
+def cmd_write(args: argparse.Namespace) -> int:
+    from .ingest.convert import convert
+
+    shape = _npy_shape(args.input)
+    if len(shape) == 1:
+        raise UsageError(
+            f"{args.input}: write needs a [records, seq_len] array, this one is flat "
+            f"({shape[0]:,} tokens); cut it into records with: "
+            f"zerobatch convert {args.input} {args.output} --seq-len T --batch-size "
+            f"{args.batch_size}"
+        )
+    if len(shape) != 2:
+        raise UsageError(f"{args.input}: write needs a [records, seq_len] array, got {shape}")
+    width = shape[1]
+    if args.seq_len is not None and args.seq_len != width:
+        raise UsageError(
+            f"--seq-len {args.seq_len}, but the records of {args.input} have {width} tokens "
+            f"(shape {shape})"
+        )
+    if width == 0:
+        raise UsageError(f"{args.input}: records have 0 tokens (shape {shape})")
+    _check_output(args, [args.input])
+    with _ProgressDisplay(args, width, sys.stderr) as progress:
+        summary = convert(
+            [glob.escape(args.input)],
+            args.output,
+            seq_len=width,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            progress=progress,
+            kind="npy",
+            overwrite=args.overwrite,
+            allow_empty=args.allow_empty,
+        )
+    _print_summary(args, summary)
     return EXIT_OK
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from .ingest.convert import convert, progress_bar
+    from .ingest.convert import convert
 
-    progress = None if args.quiet or args.json else progress_bar(args.seq_len)
-    summary = convert(
-        args.sources,
-        args.output,
-        seq_len=args.seq_len,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        progress=progress,
-        kind=args.kind,
-        tokenizer=args.tokenizer,
-        mode=args.mode,
-        pad_id=args.pad_id,
-        text_field=args.text_field,
-        per_line=args.per_line,
-        workers=args.workers,
-        align=args.align,
-        bos_token=args.bos_token,
-    )
-    if progress is not None:
-        print(file=sys.stderr)
-    if args.json:
-        print(json.dumps(summary.as_dict()))
-    else:
-        print("\n".join(summary.lines()))
+    inputs = _readable_inputs(args.sources)
+    _check_output(args, inputs)
+    with _ProgressDisplay(args, args.seq_len, sys.stderr) as progress:
+        summary = convert(
+            args.sources,
+            args.output,
+            seq_len=args.seq_len,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            progress=progress,
+            kind=args.kind,
+            tokenizer=args.tokenizer,
+            mode=args.mode,
+            pad_id=args.pad_id,
+            text_field=args.text_field,
+            per_line=args.per_line,
+            workers=args.workers,
+            align=args.align,
+            bos_token=args.bos_token,
+            overwrite=args.overwrite,
+            allow_empty=args.allow_empty,
+        )
+    _print_summary(args, summary)
     return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .speed_demo import run_speed_demo
 
+    if args.records < args.batch_size:
+        raise UsageError(
+            f"--records {args.records} is fewer than --batch-size {args.batch_size}: the demo "
+            f"file would hold no batch"
+        )
     return run_speed_demo(
         args.out, records=args.records, seq_len=args.seq_len, batch_size=args.batch_size
     )
+
+
+# --- argument types -----------------------------------------------------------------------------
 
 
 def _positive(text: str) -> int:
@@ -142,20 +298,187 @@ def _positive(text: str) -> int:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    if not 1 <= v <= U32_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer in [1, 2**32 - 1], got {v}")
     return v
 
 
-def _seed(text: str) -> int:
+def _u32(text: str) -> int:
     try:
         v = int(text, 0)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if not 0 <= v <= U32_MAX:
-        raise argparse.ArgumentTypeError(f"seed must be in [0, 2**32), got {v}")
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**32 - 1], got {v}")
     return v
 
+
+# --- flags in API messages ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Flag:
+    """The command-line flag that sets one API parameter."""
+
+    option: str
+    """The flag, e.g. ``--pad-id``."""
+    switch: bool
+    """True for an on/off flag that takes no value (``--overwrite``)."""
+
+
+_VERBATIM = re.compile(r"(\[[^\]]*\]|(?<![\w=])'[^']*')")
+_ASSIGNMENT = re.compile(
+    r"(?<![\w'\"/.-])([a-z][a-z0-9_]*)=(?:'([^']*)'|\"([^\"]*)\"|([^\s,;)\]]+))"
+)
+_NAME_MUST = re.compile(r"(?<![\w'\"/.-])([a-z][a-z0-9]*) must be\b")
+_CLI_HINT = re.compile(r" \((--[a-z][a-z0-9-]*) on the command line\)")
+_PHRASES: Mapping[str, str] = {"tokenizer spec": "tokenizer"}
+"""Phrases of API messages that stand for a parameter: ``tokenizer spec 'x'`` is ``--tokenizer``."""
+_SNAKE = re.compile(r"(?<![\w'\"/.-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)(?![=\w/-]|\.\w)")
+
+
+def flag_message(message: str, flags: Mapping[str, Flag]) -> tuple[str, bool]:
+    """``message`` with the API parameter names in ``flags`` written as the command line's flags,
+    and whether it names one of the flags.
+
+    ``mode='pad'`` becomes ``--mode pad``, ``overwrite=True`` ``--overwrite``, ``pad_id``
+    ``--pad-id``, ``seed must be`` ``--seed must be``, and ``tokenizer spec 'x'``
+    ``--tokenizer 'x'`` (``_PHRASES``). A one-word name is translated only before ``=`` or
+    ``must be``: ``seed`` and ``mode`` are plain English too. Nothing inside square brackets or
+    quotes is touched: ``[num_records, seq_len]`` is a shape, ``'hf:t.json?bos=<s>'`` the
+    user's own value. A hint for command-line users, ``(--overwrite on the command line)``, is
+    dropped once the message names the flag itself.
+    """
+
+    def assignment(m: re.Match[str]) -> str:
+        flag = flags.get(m.group(1))
+        if flag is None:
+            return m.group(0)
+        value = next(g for g in (m.group(2), m.group(3), m.group(4)) if g is not None)
+        if flag.switch:
+            return flag.option if value == "True" else m.group(0)
+        return f"{flag.option} {value}"
+
+    def name(m: re.Match[str]) -> str:
+        flag = flags.get(m.group(1))
+        return m.group(0) if flag is None else m.group(0).replace(m.group(1), flag.option, 1)
+
+    pieces = _VERBATIM.split(message)
+    for i in range(0, len(pieces), 2):  # odd pieces: shapes in brackets, quoted values
+        text = pieces[i]
+        for phrase, dest in _PHRASES.items():
+            if dest in flags:
+                text = re.sub(rf"\b{phrase}\b", flags[dest].option, text)
+        text = _ASSIGNMENT.sub(assignment, text)
+        text = _NAME_MUST.sub(name, text)
+        pieces[i] = _SNAKE.sub(name, text)
+    text = "".join(pieces)
+    text = _CLI_HINT.sub(lambda m: "" if text.count(m.group(1)) > 1 else m.group(0), text)
+    named = any(
+        re.search(rf"(?<![\w-]){re.escape(f.option)}(?![\w-])", text) for f in flags.values()
+    )
+    return text, named
+
+
+def _option_flags(parser: argparse.ArgumentParser) -> dict[str, Flag]:
+    """The long flag of each option of ``parser``, by the parameter name it stands for."""
+    return {
+        action.dest: Flag(action.option_strings[-1], action.nargs == 0)
+        for action in parser._actions
+        if action.option_strings
+        and action.option_strings[-1].startswith("--")
+        and action.dest not in ("help", "debug")
+    }
+
+
+# --- the parser ---------------------------------------------------------------------------------
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help as a newcomer needs it: every option with a default says it (unless its help
+    already does), prose is wrapped to the terminal, and indented lines (examples, tables) are
+    kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        trivial = action.default is None or action.default is False
+        if (
+            action.option_strings
+            and not action.required
+            and not trivial
+            and action.default is not argparse.SUPPRESS
+            and "default" not in text
+        ):
+            text += " (default: %(default)s)"
+        return text
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines: list[str] = []
+        prose: list[str] = []
+
+        def flush() -> None:
+            if prose:
+                lines.extend(
+                    textwrap.wrap(
+                        " ".join(prose),
+                        width,
+                        initial_indent=indent,
+                        subsequent_indent=indent,
+                        break_on_hyphens=False,
+                    )
+                )
+                prose.clear()
+
+        for line in text.splitlines():
+            if not line.strip() or line[0].isspace():
+                flush()
+                lines.append(indent + line if line.strip() else "")
+            else:
+                prose.append(line.strip())
+        flush()
+        return "\n".join(lines)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose help uses ``HelpFormatter``; subcommand parsers, plugged-in
+    ones included, are made of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _table(rows: Sequence[tuple[object, str]], width: int = 78) -> str:
+    """Indented two-column rows, the second column wrapped under itself."""
+    key_width = max(len(str(key)) for key, _ in rows)
+    out = []
+    for key, text in rows:
+        head = f"  {key!s:>{key_width}}  "
+        indent = " " * len(head)
+        wrapped = textwrap.wrap(text, width - len(head), break_on_hyphens=False)
+        out.append(head + f"\n{indent}".join(wrapped))
+    return "\n".join(out)
+
+
+DESCRIPTION = (
+    "ZeroBatch reads, writes and checks LLMBATCH files: pre-tokenized LLM training data stored "
+    f"as page-aligned [batch_size, seq_len] {TOKEN_DTYPE.name} batches behind a {HEADER_SIZE}-byte "
+    "header, read by a training loop with no per-sample work.\n\n"
+    "Run 'zerobatch COMMAND --help' for a command's options and examples."
+)
+
+EPILOG = (
+    "examples:\n"
+    "  zerobatch convert 'data/*.bin' train.batch --seq-len 1024 --batch-size 32\n"
+    "  zerobatch validate train.batch --deep\n"
+    "  zerobatch inspect train.batch\n\n"
+    f"exit status:\n{_table(EXIT_CODES)}\n\n"
+    "Errors are one line on stderr; --debug, before or after the command, adds the Python "
+    "traceback."
+)
 
 COMMAND_PLUGINS = "zerobatch.commands"
 """Entry-point group of packages that add subcommands (``zerobatch_conformance`` adds
@@ -173,97 +496,292 @@ def _command_plugins() -> list[Callable[[Any], None]]:
     return found
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerobatch", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_shape_options(p: argparse.ArgumentParser, seq_len_help: str, required: bool) -> None:
+    """``--batch-size`` and ``--seq-len`` of ``write`` and ``convert``."""
+    p.add_argument(
+        "--batch-size",
+        type=_positive,
+        required=True,
+        metavar="B",
+        help="records per batch: the training batch size (required)",
+    )
+    p.add_argument("--seq-len", type=_positive, required=required, metavar="T", help=seq_len_help)
 
-    p = sub.add_parser("inspect", help="print a file's header and sizes")
-    p.add_argument("file")
-    p.add_argument("--json", action="store_true")
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """The options ``write`` and ``convert`` share: the seed, what may be written, printing."""
+    p.add_argument(
+        "--seed",
+        type=_u32,
+        default=0,
+        metavar="S",
+        help="shuffle seed in [0, 2**32 - 1]; the same input and seed give the same file",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace OUTPUT if it exists (default: refuse); an input is never replaced",
+    )
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="write a file of 0 batches when the input fills no batch (default: refuse)",
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print nothing but errors: no progress display, no summary (default: progress "
+        "on a terminal, then a summary)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the summary as one JSON object, also with --quiet (default: text)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``zerobatch`` parser: the core's commands and those of installed plugins."""
+    parser = Parser(prog="zerobatch", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"zerobatch {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="on an error, also print the Python traceback"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+
+    p = sub.add_parser(
+        "inspect",
+        help="print a file's header fields and sizes",
+        description="Print the header fields of an LLMBATCH file and the sizes derived from "
+        "them: bytes per batch slot, padding, file size, tokens, and the records the writer "
+        "dropped. Only the header is read, so it is instant on any file. A file that fails "
+        "the header or size checks is reported as invalid (exit 1).",
+        epilog="examples:\n  zerobatch inspect train.batch\n  zerobatch inspect train.batch --json",
+    )
+    p.add_argument("file", metavar="FILE", help="the .batch file to describe")
+    p.add_argument("--json", action="store_true", help="print one JSON object (default: text)")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("validate", help="check a file against the spec (exit 0 valid, 1 not)")
-    p.add_argument("file")
-    p.add_argument("--deep", action="store_true", help="also read every slot's padding")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser(
+        "validate",
+        help="check a file against the format specification",
+        description="Check an LLMBATCH file against the specification (spec/SPEC.md): the "
+        "header rules and the exact file size and, with --deep, that the padding bytes of "
+        "every batch slot are zero (this reads the whole file). Prints OK, or INVALID with "
+        "the error code, the field and what was found.",
+        epilog="examples:\n"
+        "  zerobatch validate train.batch\n"
+        "  zerobatch validate train.batch --deep --json\n\n"
+        "exit status: 0 valid, 1 invalid, 2 the file cannot be read.",
+    )
+    p.add_argument("file", metavar="FILE", help="the .batch file to check")
+    p.add_argument(
+        "--deep",
+        action="store_true",
+        help="also read every slot's padding bytes (default: the header and file size only)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as one JSON object, with the error code if invalid "
+        "(default: one line of text)",
+    )
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("write", help="write a [records, seq_len] .npy array as an LLMBATCH file")
-    p.add_argument("input", help=".npy file of integer tokens, shape [num_records, seq_len]")
-    p.add_argument("output")
-    p.add_argument("--batch-size", type=_positive, required=True)
-    p.add_argument(
-        "--seq-len",
-        type=_positive,
-        default=None,
-        help="expected record length (default: taken from the array)",
+    p = sub.add_parser(
+        "write",
+        help="write a [records, seq_len] token array (.npy) as an LLMBATCH file",
+        description="Shuffle the records (rows) of a 2-D integer .npy array with --seed, group "
+        "them into batches of --batch-size records and write them as an LLMBATCH file. "
+        "Records that do not fill a last batch are dropped; the summary says how many.\n\n"
+        "For a flat 1-D token array, nanoGPT .bin shards or text, use 'zerobatch convert'.",
+        epilog="examples:\n"
+        "  zerobatch write tokens.npy train.batch --batch-size 32\n"
+        "  zerobatch write tokens.npy train.batch --batch-size 32 --seed 7 --overwrite",
     )
-    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument(
+        "input",
+        metavar="INPUT",
+        help=".npy file of integer tokens in [0, 2**32 - 1], shape [records, seq_len]",
+    )
+    p.add_argument("output", metavar="OUTPUT", help="the .batch file to write")
+    _add_shape_options(
+        p, "tokens per record, checked against the array (default: the array's width)", False
+    )
+    _add_output_options(p)
     p.set_defaults(func=cmd_write)
 
     p = sub.add_parser(
         "convert",
-        help="convert nanoGPT .bin shards, .npy arrays or text (parquet, jsonl, txt) to LLMBATCH",
+        help="convert nanoGPT shards, .npy token arrays or text to an LLMBATCH file",
+        description="Convert nanoGPT .bin shards, .npy token arrays or text (.parquet, .jsonl, "
+        ".json, .txt) into one shuffled LLMBATCH file. The kind of source comes from the "
+        "file suffixes (or --kind). Token streams are cut into records of --seq-len tokens; "
+        "text is first tokenized (--tokenizer) and packed into records (--mode). Memory stays "
+        "bounded whatever the corpus size, and OUTPUT appears only once it is complete.\n\n"
+        "Parquet files and the hf: and tiktoken: tokenizers need the text extra:\n"
+        "  pip install 'zerobatch[text]'",
+        epilog="examples:\n"
+        "  zerobatch convert 'data/fineweb_train_*.bin' train.batch --seq-len 1024 "
+        "--batch-size 32\n"
+        "  zerobatch convert tokens.npy train.batch --seq-len 512 --batch-size 16\n"
+        "  zerobatch convert 'corpus/*.parquet' train.batch --seq-len 2048 --batch-size 16 \\\n"
+        "      --tokenizer 'hf:tokenizer.json?bos=<|endoftext|>' --workers 8\n"
+        "  zerobatch convert notes.txt train.batch --seq-len 256 --batch-size 8 --per-line\n\n"
+        "tokenizer specs (--tokenizer):\n"
+        "  byte                            UTF-8 bytes, BOS 256, no files needed\n"
+        "  hf:PATH/tokenizer.json?bos=TOK  a Hugging Face tokenizers model (&eos=TOK too)\n"
+        "  tiktoken:PATH/NAME.tiktoken     a local tiktoken rank file (?bos=TOK&eos=TOK)\n"
+        "  tiktoken:NAME                   a standard encoding in tiktoken's local cache\n\n"
+        "Quote glob patterns, so that the shell does not expand them.",
     )
-    p.add_argument("sources", nargs="+", help="input files or glob patterns (quote globs)")
-    p.add_argument("output", help="the .batch file to write")
-    p.add_argument("--seq-len", type=_positive, required=True)
-    p.add_argument("--batch-size", type=_positive, required=True)
-    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument(
+        "sources",
+        nargs="+",
+        metavar="SOURCE",
+        help="input files or quoted glob patterns, all of one kind, read in the order given",
+    )
+    p.add_argument("output", metavar="OUTPUT", help="the .batch file to write")
+    _add_shape_options(p, "tokens per record: the training sequence length (required)", True)
     p.add_argument(
         "--kind",
         choices=["nanogpt", "npy", "text"],
         default=None,
-        help="source kind (default: from the file suffixes)",
+        help="the kind of every source (default: from the file suffixes: .bin nanogpt, .npy "
+        "npy, .parquet .jsonl .json .txt text)",
     )
-    p.add_argument(
-        "--tokenizer",
-        default="byte",
-        help="text only: byte | hf:PATH/tokenizer.json?bos=TOKEN | "
-        "tiktoken:PATH.tiktoken (default: byte)",
+    _add_output_options(p)
+    text = p.add_argument_group("text sources")
+    text.add_argument(
+        "--tokenizer", default="byte", metavar="SPEC", help="see 'tokenizer specs' below"
     )
-    p.add_argument(
+    text.add_argument(
         "--mode",
         choices=["pack", "pad"],
         default="pack",
-        help="text only: pack documents across rows (default) or pad each one",
+        help="pack: documents, each starting with BOS, run on across records and nothing is "
+        "padded; pad: one record per document, cut at --seq-len or filled up with --pad-id",
     )
-    p.add_argument("--pad-id", type=int, default=None, help="text, pad mode: padding token")
-    p.add_argument("--text-field", default="text", help="parquet column / JSONL field")
-    p.add_argument("--per-line", action="store_true", help="plain text: one document per line")
-    p.add_argument("--workers", type=_positive, default=1, help="tokenizer processes")
-    p.add_argument(
+    text.add_argument(
+        "--pad-id",
+        type=_u32,
+        default=None,
+        metavar="ID",
+        help="--mode pad only: the padding token id (default: the tokenizer's EOS id)",
+    )
+    text.add_argument(
+        "--text-field",
+        default="text",
+        metavar="NAME",
+        help="the parquet column or JSON field holding each document",
+    )
+    text.add_argument(
+        "--per-line",
+        action="store_true",
+        help="plain text: one document per line (default: one document per file)",
+    )
+    text.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="tokenizer processes; the output is the same for any N",
+    )
+    nanogpt = p.add_argument_group("nanoGPT sources")
+    nanogpt.add_argument(
         "--align",
         choices=["contiguous", "bos"],
         default="contiguous",
-        help="nanoGPT only: cut records contiguously or starting at BOS tokens",
+        help="contiguous: cut records one after another; bos: start every record at a --bos-token",
     )
-    p.add_argument("--bos-token", type=int, default=None, help="nanoGPT only: the BOS id")
-    p.add_argument("--quiet", action="store_true", help="no progress display")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    nanogpt.add_argument(
+        "--bos-token",
+        type=_u32,
+        default=None,
+        metavar="ID",
+        help="the token id that starts a document (default: none; --align bos needs one)",
+    )
     p.set_defaults(func=cmd_convert)
 
     for register in _command_plugins():  # zerobatch conformance, zerobatch probe, ...
         register(sub)
 
-    p = sub.add_parser("demo", help="write a small dataset and iterate it, printing tokens/s")
-    p.add_argument("--out", default="demo-output")
-    p.add_argument("--records", type=_positive, default=20_000)
-    p.add_argument("--seq-len", type=_positive, default=512)
-    p.add_argument("--batch-size", type=_positive, default=32)
+    p = sub.add_parser(
+        "demo",
+        help="write a synthetic dataset and time the loader over it (tokens/s)",
+        description="Write a synthetic LLMBATCH file of random tokens into --out (replacing the "
+        "one a previous run left there), then time the core loader over it in each output "
+        "dtype, yielding batches and consuming them. A speed check of this machine; the "
+        "training demo lives in examples/.",
+        epilog="examples:\n  zerobatch demo\n  zerobatch demo --records 100000 --seq-len 1024",
+    )
+    p.add_argument("--out", default="demo-output", metavar="DIR", help="directory for demo.batch")
+    p.add_argument(
+        "--records", type=_positive, default=20_000, metavar="N", help="records to write"
+    )
+    p.add_argument("--seq-len", type=_positive, default=512, metavar="T", help="tokens per record")
+    p.add_argument(
+        "--batch-size", type=_positive, default=32, metavar="B", help="records per batch"
+    )
     p.set_defaults(func=cmd_demo)
+
+    for command in sub.choices.values():
+        if "--debug" not in command._option_string_actions:
+            command.add_argument(
+                "--debug",
+                action="store_true",
+                default=argparse.SUPPRESS,  # keeps a --debug given before the command
+                help="on an error, also print the Python traceback",
+            )
+        command.set_defaults(option_flags=_option_flags(command))
     return parser
 
 
+# --- running a command --------------------------------------------------------------------------
+
+
+def _os_message(e: OSError) -> str:
+    """An ``OSError`` as ``path: reason``."""
+    text = e.strerror or str(e)
+    if e.filename is not None and os.fspath(e.filename) not in text:
+        text = f"{os.fspath(e.filename)}: {text}"
+    return text
+
+
+def _classify(e: Exception, flags: Mapping[str, Flag]) -> tuple[int, str]:
+    """The exit status for ``e`` and the one-line message that explains it."""
+    if isinstance(e, MissingDependencyError):
+        return EXIT_MISSING_DEPENDENCY, str(e)
+    if isinstance(e, UsageError):
+        return EXIT_USAGE, str(e)
+    if isinstance(e, OSError):
+        return EXIT_USAGE, _os_message(e)
+    if isinstance(e, ZeroBatchError):
+        message, named_flag = flag_message(str(e), flags)
+        return (EXIT_USAGE if named_flag else EXIT_INVALID), message
+    return EXIT_INTERNAL, f"internal error: {type(e).__name__}: {e}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``zerobatch`` with ``argv`` (default: ``sys.argv[1:]``) and return the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    prog = f"zerobatch {args.command}"
     try:
         status: int = args.func(args)
-    except (ZeroBatchError, OSError) as e:
-        return _fail(str(e), EXIT_USAGE if isinstance(e, OSError) else EXIT_INVALID)
     except KeyboardInterrupt:
-        return 130
+        if args.debug:
+            traceback.print_exc()
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        status, message = _classify(e, getattr(args, "option_flags", {}))
+        if args.debug:
+            traceback.print_exc()
+        elif status == EXIT_INTERNAL:
+            message += "; run with --debug for the traceback"
+        print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
+        return status
     return status
 
 

@@ -26,20 +26,31 @@ def _synthetic_records(
         yield rng.integers(0, 50_257, size=(n, seq_len), dtype=np.uint32)
 
 
+def _batches(n: int) -> str:
+    return f"{n:,} batch" if n == 1 else f"{n:,} batches"
+
+
 def run_speed_demo(
     out_dir: str, records: int = 20_000, seq_len: int = 512, batch_size: int = 32
 ) -> int:
-    """Write ``records`` synthetic records to ``out_dir/demo.batch`` and time two epochs."""
+    """Write ``records`` synthetic records to ``out_dir/demo.batch`` (replacing the file an
+    earlier run left there) and time two epochs."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "demo.batch")
     t0 = time.perf_counter()
     n = write_batch_dataset(
-        path, _synthetic_records(records, seq_len), records, batch_size, seq_len, seed=42
+        path,
+        _synthetic_records(records, seq_len),
+        records,
+        batch_size,
+        seq_len,
+        seed=42,
+        overwrite=True,  # the previous run's file: the demo's own scratch output
     )
     dt = time.perf_counter() - t0
     size = os.path.getsize(path)
     print(
-        f"wrote {path}: {n} batches of [{batch_size}, {seq_len}], {size / 2**20:.1f} MiB "
+        f"wrote {path}: {_batches(n)} of [{batch_size}, {seq_len}], {size / 2**20:.1f} MiB "
         f"in {dt:.2f} s ({size / dt / 2**20:.0f} MiB/s)"
     )
     dtypes: tuple[OutputDType, ...] = ("uint32", "int32", "int64")
@@ -56,7 +67,7 @@ def run_speed_demo(
             tokens = n * batch_size * seq_len
             print(
                 f"  {dtype:>6} {mode:>7}: {tokens / dt / 1e9:6.2f}G tokens/s "
-                f"({n} batches in {dt * 1e3:.1f} ms)"
+                f"({_batches(n)} in {dt * 1e3:.1f} ms)"
             )
         loader.reader.close()
     print(f"dataset kept at {path}; inspect it with: zerobatch inspect {path}")

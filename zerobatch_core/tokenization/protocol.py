@@ -35,7 +35,7 @@ from urllib.parse import quote, unquote
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import IngestError
+from ..errors import IngestError, MissingDependencyError
 
 U32Array = npt.NDArray[np.uint32]
 
@@ -92,16 +92,16 @@ class Tokenizer(Protocol):
 def import_optional(module: str, what: str) -> Any:
     """Import a library of the ``text`` extra, or fail with the command that installs it.
 
+    A failed import raises ``MissingDependencyError`` (still an ``ImportError``) naming the
+    top-level package, ``what`` needed it and the extra, so that the command line can print one
+    line and exit with its own status; the original ``ImportError`` is its ``__cause__``.
     The module is returned as ``Any``: the optional libraries stay untyped at this boundary,
     whether or not they ship stubs, and are never imported before they are needed.
     """
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(
-            f"{what} needs the optional dependency {module.split('.')[0]!r}: "
-            f"pip install 'zerobatch[text]'"
-        ) from e
+        raise MissingDependencyError(module.split(".")[0], "text", what) from e
 
 
 # --- spec strings -----------------------------------------------------------------------------
