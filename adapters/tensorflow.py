@@ -29,13 +29,23 @@ the graph with a few vectorised ops per batch (``cu_seqlens`` has shape ``[None]
 
 Token ids at or above 2**31 wrap to negative values with ``dtype="int32"`` (a bit-cast, exactly
 like the core's int32 view); use ``"int64"`` for vocabularies that large.
+
+``tf.distribute``: pass the ``tf.distribute.InputContext`` that
+``strategy.distribute_datasets_from_function`` hands its function as ``input_context=``; input
+pipeline ``input_pipeline_id`` of ``num_input_pipelines`` reads its data-parallel share of
+every global batch::
+
+    def dataset_fn(ctx):
+        return TFBatchDataset("train.batch", next_token=True, input_context=ctx).dataset()
+
+    batches = strategy.distribute_datasets_from_function(dataset_fn)
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -49,8 +59,12 @@ from zerobatch_core import (
     Item,
     Position,
     Source,
+    StreamOptions,
     int_arg,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["TFBatchDataset", "tf_dataset"]
 
@@ -73,9 +87,44 @@ class TFBatchDataset(BatchStream[Any]):
     dataset with ``verify="off"``); otherwise (several stored batches per step, zig-zag chunks,
     ``skip_steps``, checksum verification) elements come from the core loader through
     ``tf.data.Dataset.from_generator``: the same elements, with Python in the loop.
+
+    Data-parallel coordinates: explicit ``rank``/``world_size``; else ``input_context`` (a
+    ``tf.distribute.InputContext``), following ``tf.distribute``'s convention that each input
+    pipeline reads its own part of the data: pipeline ``input_pipeline_id`` of
+    ``num_input_pipelines`` is rank ``input_pipeline_id`` of ``num_input_pipelines``; else
+    ``RANK``/``WORLD_SIZE``. Each element is then the pipeline's share of the global batch,
+    ``G // num_input_pipelines`` rows. ``tf.distribute`` hands each replica of a pipeline one
+    element per step, so with several replicas per pipeline split the share into per-replica
+    batches (``ds.rebatch(ctx.get_per_replica_batch_size(G))``: consecutive rows go to the
+    pipeline's replicas in order, the rows of data-parallel replica ``pipeline * k + j``).
     """
 
     dtypes = ("int32", "int64")
+    _pipeline_rank: tuple[int, int] | None = None  # (input_pipeline_id, num_input_pipelines)
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        input_context: tf.distribute.InputContext | None = None,
+        **options: Unpack[StreamOptions],
+    ) -> None:
+        if input_context is None:
+            self._pipeline_rank = None
+        elif isinstance(input_context, tf.distribute.InputContext):
+            self._pipeline_rank = (
+                input_context.input_pipeline_id,
+                input_context.num_input_pipelines,
+            )
+        else:
+            raise TypeError(
+                "input_context must be a tf.distribute.InputContext, got "
+                f"{type(input_context).__name__}"
+            )
+        super().__init__(source, **options)
+
+    def _detected_rank_world(self) -> tuple[int, int] | None:
+        return self._pipeline_rank
 
     def _native(self) -> bool:
         loader = self.loader

@@ -25,6 +25,16 @@ Packed rows (several documents per row, each starting with a BOS token): ``bos_i
 every batch a dict of tensors that adds the core's document layout for variable-length
 attention: ``segment_ids``, ``positions`` (int32, the inputs' shape) and ``cu_seqlens`` (int32,
 one entry per document plus the total: ``flash_attn_varlen_func``'s ``cu_seqlens_q/k``).
+
+Parallel coordinates, first found wins (``zerobatch_core.slicing``): explicit ``rank``/
+``world_size`` and ``context_rank``/``context_size``; else a ``device_mesh`` (a
+``torch.distributed`` ``DeviceMesh``), whose dimensions named in ``DATA_DIMS`` give the
+data-parallel coordinate and those in ``CONTEXT_DIMS`` the context-parallel one, every other
+dimension (``"tp"``, ``"pp"``, ...) receiving identical data; else the default process group
+as data parallelism; else ``RANK``/``WORLD_SIZE``::
+
+    mesh = init_device_mesh("cuda", (dp, cp, tp), mesh_dim_names=("dp", "cp", "tp"))
+    loader = TorchBatchLoader("train.batch", next_token=True, zigzag=True, device_mesh=mesh)
 """
 
 from __future__ import annotations
@@ -41,9 +51,27 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from zerobatch_core import BatchStream, Item, Source, Stage, StreamOptions, int_arg
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from typing_extensions import Unpack
 
-__all__ = ["DocumentBatch", "NextTokenBatch", "TorchBatchDataset", "TorchBatchLoader"]
+__all__ = [
+    "CONTEXT_DIMS",
+    "DATA_DIMS",
+    "DocumentBatch",
+    "MeshCoordinates",
+    "NextTokenBatch",
+    "TorchBatchDataset",
+    "TorchBatchLoader",
+    "mesh_coordinates",
+]
+
+DATA_DIMS = ("dp", "data", "dp_replicate", "dp_shard")
+"""``DeviceMesh`` dimension names that are data parallel. Several of them (e.g. HSDP's
+``"dp_replicate"`` and ``"dp_shard"``) multiply into one data-parallel coordinate, row-major in
+the mesh's dimension order (the numbering of the same dimensions flattened into one)."""
+
+CONTEXT_DIMS = ("cp", "context")
+"""``DeviceMesh`` dimension names that are context parallel (several multiply, row-major)."""
 
 _READONLY_MESSAGE = "The given NumPy array is not writable"
 _READONLY_MODULE = re.escape(__name__) + r"\Z"
@@ -97,21 +125,91 @@ DocumentBatch = dict[str, torch.Tensor]
 TorchItem = torch.Tensor | NextTokenBatch | DocumentBatch
 
 
+class MeshCoordinates(NamedTuple):
+    """This process's data- and context-parallel coordinates in a ``DeviceMesh``."""
+
+    rank: int
+    world_size: int
+    context_rank: int
+    context_size: int
+
+
+def mesh_coordinates(mesh: DeviceMesh) -> MeshCoordinates:
+    """This process's ``(rank, world_size, context_rank, context_size)`` in ``mesh``.
+
+    Dimensions named in ``DATA_DIMS`` make the data-parallel coordinate, those in
+    ``CONTEXT_DIMS`` the context-parallel one (several of either multiply, row-major in the
+    mesh's order); any other dimension (tensor, pipeline, expert parallelism) holds replicas
+    that receive identical data. A mesh with neither kind of dimension gives ``(0, 1, 0, 1)``:
+    every rank reads the whole step. Pass the mesh that holds the data- and context-parallel
+    dimensions (the world mesh, or a submesh of those): a submesh that leaves one out hides it.
+    """
+    names = getattr(mesh, "mesh_dim_names", None)
+    get_coordinate = getattr(mesh, "get_coordinate", None)
+    if get_coordinate is None:
+        raise TypeError(
+            f"device_mesh must be a torch.distributed DeviceMesh, got {type(mesh).__name__}"
+        )
+    if names is None:
+        raise ValueError(
+            "device_mesh has no dimension names: build it with mesh_dim_names (data-parallel "
+            f"dimensions among {DATA_DIMS}, context-parallel among {CONTEXT_DIMS}) so that "
+            "ZeroBatch knows which dimension splits the data"
+        )
+    coordinate = get_coordinate()
+    if coordinate is None:
+        raise ValueError(f"this process is not part of device_mesh {mesh}: it has no coordinates")
+    shape = tuple(mesh.shape)
+
+    def flat(dims: tuple[str, ...]) -> tuple[int, int]:
+        rank, size = 0, 1
+        for name, index, length in zip(names, coordinate, shape, strict=True):
+            if name in dims:
+                rank, size = rank * length + index, size * length
+        return rank, size
+
+    return MeshCoordinates(*flat(DATA_DIMS), *flat(CONTEXT_DIMS))
+
+
 class _TorchStream(BatchStream[TorchItem]):
-    """What both PyTorch classes share: tensors, ranks from ``torch.distributed``.
+    """What both PyTorch classes share: tensors, coordinates from ``torch.distributed``.
 
     int32 tensors are zero-copy views of the read-only mapped file (exact for ids below
     2**31): **never modify them in place** (``t.add_(1)`` would crash the process with
     SIGSEGV); ``.clone()`` or ``.long()`` first. int64 tensors are copies; labels are always
     int64, as ``cross_entropy`` wants. PyTorch has no general uint32 support.
+
+    ``device_mesh`` (a ``DeviceMesh`` with named dimensions) gives the data- and
+    context-parallel coordinates wherever explicit ones are not given (``mesh_coordinates``);
+    without it, data parallelism is the default process group's ranks, else ``RANK``/
+    ``WORLD_SIZE``, and there is no context parallelism unless ``context_rank``/
+    ``context_size`` are given.
     """
 
     dtypes = ("int32", "int64")
+    _mesh: MeshCoordinates | None = None  # plain integers: copies sent to workers carry them
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        device_mesh: DeviceMesh | None = None,
+        **options: Unpack[StreamOptions],
+    ) -> None:
+        self._mesh = None if device_mesh is None else mesh_coordinates(device_mesh)
+        super().__init__(source, **options)
 
     def _detected_rank_world(self) -> tuple[int, int] | None:
+        if self._mesh is not None:
+            return self._mesh.rank, self._mesh.world_size
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
+        return None
+
+    def _detected_context(self) -> tuple[int, int] | None:
+        if self._mesh is not None:
+            return self._mesh.context_rank, self._mesh.context_size
         return None
 
     def _converter(self, key: str) -> Callable[[Any], torch.Tensor]:
@@ -131,10 +229,12 @@ class _TorchStream(BatchStream[TorchItem]):
 class TorchBatchDataset(_TorchStream, IterableDataset[TorchItem]):
     """Batches of one LLMBATCH file as tensors, for ``DataLoader(ds, batch_size=None)``.
 
-    Each item is one step's batch, ``[B // world_size, T]``, a ``NextTokenBatch(inputs,
-    labels)`` with ``next_token=True``, or a ``DocumentBatch`` dict with ``bos_id``. The
-    arguments are ``zerobatch_core.BatchStream``'s; ranks default to an initialised
-    ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE`` (as ``torchrun`` sets them).
+    Each item is one step's batch, ``[B // world_size, T]`` (``T // context_size`` columns
+    with context parallelism), a ``NextTokenBatch(inputs, labels)`` with ``next_token=True``,
+    or a ``DocumentBatch`` dict with ``bos_id``. The arguments are
+    ``zerobatch_core.BatchStream``'s and ``device_mesh``; coordinates come from the arguments,
+    else ``device_mesh``, else an initialised ``torch.distributed`` group, else
+    ``RANK``/``WORLD_SIZE`` (as ``torchrun`` sets them).
 
     With ``num_workers=k`` in the ``DataLoader``, worker ``w`` serves steps ``w, w + k, ...``
     from the dataset's cursor, the round-robin order the ``DataLoader`` collects them in, so
@@ -166,6 +266,7 @@ class TorchBatchLoader(_TorchStream):
     TensorFlow started). ``device`` (e.g. ``"cuda"``) moves every tensor there with
     ``.to(device, non_blocking=True)`` on a background thread, ``prefetch`` batches ahead;
     ``pin_memory=True`` pins host tensors first, for asynchronous host-to-device copies.
+    ``device_mesh`` gives the parallel coordinates, as for ``TorchBatchDataset``.
     """
 
     def __init__(
@@ -176,13 +277,14 @@ class TorchBatchLoader(_TorchStream):
         pin_memory: bool = False,
         device: torch.device | str | None = None,
         multiprocessing_context: str | None = None,
+        device_mesh: DeviceMesh | None = None,
         **options: Unpack[StreamOptions],
     ) -> None:
         self.num_workers = int_arg("num_workers", num_workers, 0)
         self.pin_memory = bool(pin_memory) and _can_pin()
         self.device = None if device is None else torch.device(device)
         self.multiprocessing_context = multiprocessing_context
-        super().__init__(source, **options)
+        super().__init__(source, device_mesh=device_mesh, **options)
 
     def _produce(self, convert: Callable[[Item], TorchItem]) -> Iterator[TorchItem] | None:
         if not self.num_workers:

@@ -37,8 +37,11 @@ jax = require("jax")
 
 from zerobatch_adapters.jax import (  # noqa: E402
     JaxBatchIterator,
+    ProcessBlock,
     ProcessRows,
+    data_context_sharding,
     default_sharding,
+    process_block,
     process_rows,
 )
 
@@ -193,6 +196,129 @@ def test_constructor_maps_the_sharding_to_the_core_rank(make_file: MakeFile) -> 
     bad = cast(Any, FakeSharding({0: (0, 2), 1: (2, 4), 4: (8, 10)}))
     with pytest.raises(ValueError, match="non-contiguous"):
         JaxBatchIterator(path, sharding=bad)
+
+
+# -- process_block: rows and columns (data x context), from fake index maps --------------------
+def block(rows: tuple[int, int], cols: tuple[int, int]) -> tuple[slice, slice]:
+    return slice(*rows), slice(*cols)
+
+
+@pytest.mark.parametrize(
+    ("index_map", "shape", "want"),
+    [
+        # rows [8, 16) of 16, columns [4, 8) of 8 on two replica devices: DP 1 of 2, CP 1 of 2
+        (
+            {0: block((8, 16), (4, 8)), 1: block((8, 16), (4, 8))},
+            (16, 8),
+            ProcessBlock(1, 2, slice(8, 16), 1, 2, 1, slice(4, 8)),
+        ),
+        # a 2 x 2 corner of a (4, 2) mesh: rows [0, 8) of 16, both column blocks
+        (
+            {
+                0: block((0, 4), (0, 4)),
+                1: block((0, 4), (4, 8)),
+                2: block((4, 8), (0, 4)),
+                3: block((4, 8), (4, 8)),
+            },
+            (16, 8),
+            ProcessBlock(0, 2, slice(0, 8), 0, 2, 2, slice(0, 8)),
+        ),
+        # three of four column blocks: context ranks 1, 2, 3 served together
+        (
+            {d: block((0, 4), (2 * d, 2 * d + 2)) for d in (1, 2, 3)},
+            (4, 8),
+            ProcessBlock(0, 1, slice(0, 4), 1, 4, 3, slice(2, 8)),
+        ),
+        ({0: None}, (4, 8), ProcessBlock(0, 1, slice(0, 4), 0, 1, 1, slice(0, 8))),
+    ],
+)
+def test_process_block_maps_rows_and_columns(
+    index_map: dict[int, Any], shape: tuple[int, int], want: ProcessBlock
+) -> None:
+    assert process_block(index_map, shape) == want
+    if want.context_size == 1:  # whole columns: the same rows as process_rows gives
+        assert process_rows(index_map, shape) == want[:3]
+
+
+@pytest.mark.parametrize(
+    ("index_map", "shape", "message"),
+    [
+        ({0: block((0, 4), (0, 2)), 1: block((0, 4), (4, 6))}, (4, 8), "non-contiguous columns"),
+        ({0: block((0, 4), (0, 2)), 1: block((0, 4), (2, 6))}, (4, 8), "not equal parts"),
+        ({0: block((0, 4), (0, 3))}, (4, 8), "not equal parts"),  # 3 columns do not split 8
+        ({0: block((0, 4), (1, 3))}, (4, 8), "not equal parts"),  # not on a block boundary
+        ({0: block((0, 4), (0, 4)), 1: block((8, 12), (0, 4))}, (16, 8), "non-contiguous rows"),
+        ({0: (slice(0, 4), slice(0, 4), slice(0, 1))}, (4, 8, 2), "batch and sequence axes"),
+        ({0: (slice(0, 4),)}, (4,), "global_shape must be"),
+        ({}, (4, 8), "no device"),
+    ],
+)
+def test_process_block_rejects_what_the_core_cannot_read(
+    index_map: dict[int, Any], shape: tuple[int, ...], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        process_block(index_map, shape)
+
+
+def test_data_context_sharding_is_a_2d_named_sharding() -> None:
+    devices = jax.devices()
+    n = len(devices)
+    s = data_context_sharding(1)
+    assert s.mesh.axis_names == ("data", "context")
+    assert dict(s.mesh.shape) == {"data": n, "context": 1}
+    assert s.spec == jax.sharding.PartitionSpec("data", "context")
+    if n % 2 == 0:
+        two = data_context_sharding(2)
+        assert two.mesh.devices.shape == (n // 2, 2)
+        assert list(two.mesh.devices.flat) == devices  # row-major: context groups adjacent
+    with pytest.raises(ValueError, match="divides the device count"):
+        data_context_sharding(n + 1)
+    with pytest.raises(ValueError, match="positive integer"):
+        data_context_sharding(0)
+
+
+class FakeBlocks:
+    """A sharding stand-in giving this process the blocks ``index_map`` names."""
+
+    def __init__(self, index_map: dict[int, Any]) -> None:
+        self.index_map = index_map
+
+    def addressable_devices_indices_map(self, shape: tuple[int, ...]) -> dict[int, Any]:
+        return self.index_map
+
+
+def test_constructor_maps_a_block_to_dp_and_cp_ranks(make_file: MakeFile) -> None:
+    path = make_file(n=16 * 4, seq_len=17, batch_size=16)  # next-token width 16
+    # process with rows [8, 16) and context devices 2, 3 of 4 (columns [8, 16) of 16)
+    mine = cast(Any, FakeBlocks({0: block((8, 16), (8, 12)), 1: block((8, 16), (12, 16))}))
+    for zigzag in (False, True):
+        it = JaxBatchIterator(path, sharding=mine, next_token=True, zigzag=zigzag, block_size=2)
+        assert it.global_shape == (16, 16)
+        assert (it.rows, it.columns) == (slice(8, 16), slice(8, 16))
+        s = it.loader.slicing
+        assert (s.dp_rank, s.dp_size, s.cp_rank, s.cp_size, s.cp_count) == (1, 2, 2, 4, 2)
+        core = BatchNativeLoader(path, next_token=True, block_size=2, dtype="int32")
+        # zig-zag: devices 2, 3 of 4 hold chunks 2, 5 and 3, 4 of 8 (2 tokens each)
+        cols = np.r_[4:6, 10:12, 6:10] if zigzag else np.r_[8:16]
+        for (inputs, labels), (want_in, want_lab) in zip(it.loader, core, strict=True):
+            np.testing.assert_array_equal(inputs, want_in[8:16][:, cols])
+            np.testing.assert_array_equal(labels, want_lab[8:16][:, cols])
+        it.close()
+    # an explicit context share, split again by the sharding: context 1 of 2, then 2 of 4
+    half = cast(Any, FakeBlocks({0: block((0, 16), (4, 8))}))
+    it = JaxBatchIterator(path, sharding=half, next_token=True, context_rank=1, context_size=2)
+    assert it.global_shape == (16, 8)
+    s = it.loader.slicing
+    assert (s.cp_rank, s.cp_size, s.cp_count, it.loader.columns) == (3, 4, 1, [(12, 16)])
+    it.close()
+    with pytest.raises(ValueError, match="give one of them"):
+        JaxBatchIterator(
+            path, sharding=half, next_token=True, zigzag=True, context_rank=1, context_size=2
+        )
+    odd = make_file(n=16 * 2, seq_len=13, batch_size=16, name="odd.batch")  # width 12
+    quarter = cast(Any, FakeBlocks({0: block((0, 16), (0, 3))}))  # 4 column blocks of 3
+    with pytest.raises(ValueError, match="cuts the width 12 into 8 chunks"):
+        JaxBatchIterator(odd, sharding=quarter, next_token=True, zigzag=True)
 
 
 def test_constructor_rejects_bad_prefetch(make_file: MakeFile) -> None:

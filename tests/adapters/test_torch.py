@@ -16,7 +16,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -28,9 +28,11 @@ torch = require("torch")
 
 from torch.utils.data import DataLoader  # noqa: E402
 from zerobatch_adapters.torch import (  # noqa: E402
+    MeshCoordinates,
     NextTokenBatch,
     TorchBatchDataset,
     TorchBatchLoader,
+    mesh_coordinates,
 )
 
 # Forking a process that runs JAX or TensorFlow threads can deadlock: when another test module
@@ -215,6 +217,93 @@ def test_rank_from_arguments_distributed_then_environment(
     detected = TorchBatchDataset(path)  # an initialised group wins over the environment
     assert (detected.rank, detected.world_size) == (1, 2)
     assert TorchBatchDataset(path, rank=2, world_size=4).rank == 2  # arguments win over both
+
+
+class FakeMesh:
+    """What the adapter asks of a ``DeviceMesh``: dimension names, shape, this rank's coordinate.
+
+    (A real mesh needs an initialised process group; ``test_torchrun.py`` uses real ones.)
+    """
+
+    def __init__(
+        self, names: tuple[str, ...] | None, shape: tuple[int, ...], coordinate: tuple[int, ...]
+    ) -> None:
+        self.mesh_dim_names, self.shape, self.coordinate = names, shape, coordinate
+
+    def get_coordinate(self) -> tuple[int, ...] | None:
+        return self.coordinate or None
+
+
+@pytest.mark.parametrize(
+    ("names", "shape", "coordinate", "want"),
+    [
+        (("dp", "cp"), (4, 2), (3, 1), (3, 4, 1, 2)),
+        (("data", "context"), (2, 4), (1, 2), (1, 2, 2, 4)),
+        # HSDP: replicate x shard multiply row-major into one DP coordinate; tp is a replica
+        (("dp_replicate", "dp_shard", "cp", "tp"), (2, 3, 2, 2), (1, 2, 0, 1), (5, 6, 0, 2)),
+        (("pp", "dp", "tp"), (2, 4, 2), (1, 3, 0), (3, 4, 0, 1)),
+        (("tp",), (8,), (5,), (0, 1, 0, 1)),  # pure tensor parallelism: every rank all data
+    ],
+)
+def test_mesh_coordinates_from_named_dimensions(
+    names: tuple[str, ...],
+    shape: tuple[int, ...],
+    coordinate: tuple[int, ...],
+    want: tuple[int, ...],
+) -> None:
+    mesh: Any = FakeMesh(names, shape, coordinate)
+    assert mesh_coordinates(mesh) == MeshCoordinates(*want)
+
+
+def test_device_mesh_gives_dp_and_cp_and_arguments_win(
+    make_file: MakeFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = make_file(n=8 * 3, seq_len=17, batch_size=8)  # next-token width 16: 2C = 4 chunks
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    mesh: Any = FakeMesh(("dp", "cp", "tp"), (2, 2, 2), (1, 0, 1))
+    kw: dict[str, Any] = {"next_token": True, "zigzag": True, **ORDER}
+    for cls in (TorchBatchDataset, TorchBatchLoader):  # one implementation, both classes
+        data = cls(path, device_mesh=mesh, **kw)
+        s = data.loader.slicing
+        assert (s.dp_rank, s.dp_size, s.cp_rank, s.cp_size, s.zigzag) == (1, 2, 0, 2, True)
+        core = BatchNativeLoader(
+            path, rank=1, world_size=2, context_rank=0, context_size=2, dtype="int32", **kw
+        )
+        for got, want in zip(data, core, strict=True):
+            assert isinstance(got, NextTokenBatch) and got.inputs.shape == (4, 8)
+            np.testing.assert_array_equal(got.inputs.numpy(), want[0])
+            np.testing.assert_array_equal(got.labels.numpy(), want[1])
+        data.close()
+    explicit = TorchBatchDataset(
+        path, device_mesh=mesh, rank=0, world_size=4, context_rank=1, context_size=2, **kw
+    )  # arguments win over the mesh, pair by pair
+    s = explicit.loader.slicing
+    assert (s.dp_rank, s.dp_size, s.cp_rank, s.cp_size) == (0, 4, 1, 2)
+    dp_only = TorchBatchDataset(path, device_mesh=mesh, context_rank=1, context_size=2, **kw)
+    assert (dp_only.rank, dp_only.world_size, dp_only.loader.slicing.cp_rank) == (1, 2, 1)
+    cp_mesh: Any = FakeMesh(("cp",), (2,), (1,))  # no DP dimension: the environment is ignored
+    assert TorchBatchDataset(path, device_mesh=cp_mesh, **kw).world_size == 1
+    clone = pickle.loads(pickle.dumps(TorchBatchDataset(path, device_mesh=mesh, **kw)))
+    assert clone.loader.slicing == data.loader.slicing  # workers get plain coordinates
+
+
+def test_device_mesh_errors_name_the_problem(make_file: MakeFile) -> None:
+    path = make_file(n=8 * 3, seq_len=17, batch_size=8)
+    unnamed: Any = FakeMesh(None, (2,), (0,))
+    with pytest.raises(ValueError, match=r"no dimension names.*mesh_dim_names"):
+        TorchBatchDataset(path, device_mesh=unnamed)
+    outside: Any = FakeMesh(("dp",), (2,), ())
+    with pytest.raises(ValueError, match="not part of device_mesh"):
+        TorchBatchLoader(path, device_mesh=outside)
+    with pytest.raises(TypeError, match="DeviceMesh"):
+        TorchBatchDataset(path, device_mesh=cast(Any, (2, 2)))
+    three: Any = FakeMesh(("dp",), (3,), (0,))
+    with pytest.raises(ValueError, match="does not split evenly over world_size 3"):
+        TorchBatchDataset(path, device_mesh=three)
+    cp3: Any = FakeMesh(("cp",), (3,), (0,))
+    with pytest.raises(ValueError, match="width 16 does not split into context_size = 3"):
+        TorchBatchDataset(path, device_mesh=cp3, next_token=True)
 
 
 def test_bad_arguments_say_what_is_wrong(make_file: MakeFile) -> None:
