@@ -69,10 +69,10 @@ conformance: install
 
 # PyTorch's DataLoader workers fork; forking after JAX or TensorFlow started threads can
 # deadlock, so the PyTorch adapter tests run in a pytest process of their own.
-TORCH_TESTS := tests/adapters/test_torch.py
+TORCH_TESTS := tests/adapters/test_torch.py tests/adapters/test_torchrun.py
 
 pytest: install $(FRAMEWORKS)
-	$(TEST_ENV) $(PY) -m pytest --ignore=$(TORCH_TESTS)
+	$(TEST_ENV) $(PY) -m pytest $(addprefix --ignore=,$(TORCH_TESTS))
 	$(TEST_ENV) $(PY) -m pytest $(TORCH_TESTS)
 
 test: lint typecheck check-vectors conformance pytest

@@ -23,9 +23,9 @@ from the first undelivered item.
 Subclasses override hooks, never the surface: ``_converter`` (one function per item field),
 ``_pair`` (the next-token pair type), ``_stage`` (whether and where to prepare items ahead),
 ``_transfer`` (a step run in that stage, e.g. a host-to-device copy), ``_produce`` (an
-external producer of converted items), ``_detected_rank_world`` and ``_worker`` (what the
-framework knows about ranks and worker processes), and ``_rank_world`` (how the adapter's
-ranks map to the core loader's rows).
+external producer of converted items), ``_detected_rank_world``, ``_detected_context`` and
+``_worker`` (what the framework knows about data- and context-parallel ranks and worker
+processes), and ``_slicing`` (how the adapter's coordinates map to the core loader's slice).
 """
 
 from __future__ import annotations
