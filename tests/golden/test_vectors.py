@@ -68,26 +68,9 @@ def test_block_orders_through_the_runner() -> None:
 
 
 WRITER = [e for e in INDEX if "writer_input" in expected(e["id"])]
-WRITER_DEFECTS = {
-    "valid-zero-batches-max-shape": "both core writers fail (NumPy ValueError, OverflowError) "
-    "sizing buffers for a 0-batch file whose batch_size * seq_len is 2^64 - 2^33 + 1 tokens",
-}
-"""Writer-input vectors the core writers cannot reproduce yet; strict, so a fix shows up."""
 
 
-@pytest.mark.parametrize(
-    "entry",
-    [
-        pytest.param(
-            e,
-            id=e["id"],
-            marks=[pytest.mark.xfail(strict=True, reason=WRITER_DEFECTS[e["id"]])]
-            if e["id"] in WRITER_DEFECTS
-            else [],
-        )
-        for e in WRITER
-    ],
-)
+@pytest.mark.parametrize("entry", WRITER, ids=[e["id"] for e in WRITER])
 def test_writer_reproduces_vector_bytes(entry: dict[str, str], tmp_path: Path) -> None:
     spec = expected(entry["id"])["writer_input"]
     assert isinstance(spec, dict)

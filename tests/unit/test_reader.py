@@ -107,15 +107,15 @@ def test_zero_batch_file(tmp_path: Path) -> None:
 
 def test_not_a_regular_file(tmp_path: Path) -> None:
     """Like a missing path, a path that is not a regular file is an OSError naming it."""
-    with pytest.raises(ZeroBatchError, match="not a regular file") as info:
+    with pytest.raises(ZeroBatchError, match="not a regular file") as directory:
         BatchFileReader(tmp_path)
-    assert isinstance(info.value, OSError) and info.value.errno == errno.EISDIR
-    assert info.value.filename == str(tmp_path)
+    assert isinstance(directory.value, OSError) and directory.value.errno == errno.EISDIR
+    assert directory.value.filename == str(tmp_path)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    with pytest.raises(OSError, match="not a regular file") as info:
+    with pytest.raises(OSError, match="not a regular file") as pipe:
         BatchFileReader(fifo)  # must not block waiting for a writer
-    assert isinstance(info.value, ZeroBatchError) and info.value.filename == str(fifo)
+    assert isinstance(pipe.value, ZeroBatchError) and pipe.value.filename == str(fifo)
 
 
 def test_missing_file_raises_oserror_naming_it(tmp_path: Path) -> None:
@@ -185,19 +185,27 @@ def test_read_ahead_maps_the_requested_batches(tmp_path: Path) -> None:
         assert not any(mapped[:400]), [i for i, m in enumerate(mapped[:400]) if m]
 
 
-def test_huge_shape_without_batches_is_valid(tmp_path: Path) -> None:
-    """The largest shape with no batches passes rules 1-8; nothing may be built from its shape.
+@pytest.mark.parametrize(
+    ("batch_size", "seq_len"),
+    [(U32_MAX, U32_MAX), (2**31, 2**30), (U32_MAX - 1, 1203513306)],
+    ids=["max-shape", "batch-of-2^63-bytes", "found-by-fuzzing"],
+)
+def test_huge_shape_without_batches_is_valid(tmp_path: Path, batch_size: int, seq_len: int) -> None:
+    """A shape whose batch exceeds NumPy's size limit, with no batches, passes rules 1-8.
 
-    ``batch_size = seq_len = 2**32 - 1`` makes one batch 2**66 bytes; NumPy cannot represent
-    even an empty ``[0, B, T]`` view of it. Regression for vector
-    ``valid-zero-batches-max-shape``.
+    ``batch_size = seq_len = 2**32 - 1`` makes one batch about 2**66 bytes; from 2**63 bytes on,
+    NumPy cannot represent even an empty ``[0, B, T]`` view. The reader used to raise NumPy's
+    "Maximum allowed dimension exceeded" for these files. Regression for vector
+    ``valid-zero-batches-max-shape`` (the third shape is one the fuzzer found).
     """
     path = tmp_path / "huge.batch"
-    path.write_bytes(build_header(Header(U32_MAX, U32_MAX, 0, 5, 0)))
+    path.write_bytes(build_header(Header(batch_size, seq_len, 0, 5, 0)))
+    words = batch_size * seq_len
+    assert words * 4 >= 2**63
     with BatchFileReader(path) as r:
-        assert (len(r), r.batch_size, r.seq_len, r.file_size) == (0, U32_MAX, U32_MAX, 4096)
-        assert r.padded_batch_bytes == 4096 * -(-(U32_MAX * U32_MAX) // 1024) > 2**64
-        assert r.slot_padding(0, 0).shape == (0, r.padded_batch_bytes // 4 - U32_MAX**2)
+        assert (len(r), r.batch_size, r.seq_len, r.file_size) == (0, batch_size, seq_len, 4096)
+        assert r.padded_batch_bytes == 4096 * -(-words // 1024)
+        assert r.slot_padding(0, 0).shape == (0, r.padded_batch_bytes // 4 - words)
         r.check_size()
         r.read_ahead(0, 10)
         with pytest.raises(IndexError):
@@ -210,12 +218,15 @@ def test_huge_shape_without_batches_is_valid(tmp_path: Path) -> None:
     assert list(loader) == [] and loader.epoch == 1
 
 
-def test_largest_representable_empty_shape_keeps_its_shape(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("batch_size", "seq_len"), [(1, U32_MAX), (2**31, 2**30 - 1)])
+def test_representable_empty_shape_keeps_its_shape(
+    tmp_path: Path, batch_size: int, seq_len: int
+) -> None:
     path = tmp_path / "wide.batch"
-    path.write_bytes(build_header(Header(1, U32_MAX, 0, 0, 0)))
+    path.write_bytes(build_header(Header(batch_size, seq_len, 0, 0, 0)))
     with BatchFileReader(path) as r:
         empty = r.read_batches(0, 0)
-        assert empty.shape == (0, 1, U32_MAX) and not empty.flags.writeable
+        assert empty.shape == (0, batch_size, seq_len) and not empty.flags.writeable
 
 
 def test_check_size_reports_a_file_changed_under_the_reader(
