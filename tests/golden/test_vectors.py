@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +113,52 @@ def test_construct_parse_build_identity_on_vectors(entry: dict[str, str]) -> Non
 
 def test_generator_reproduces_committed_vectors() -> None:
     assert check_vectors(str(VECTORS)) == []
+
+
+def test_probe_answers_paths_that_are_not_files_without_blocking(tmp_path: Path) -> None:
+    """A FIFO or a directory gets ``unreadable_path`` as JSON, exit 0, and never blocks."""
+    fifo_batch, fifo_query = tmp_path / "f.batch", tmp_path / "f.query.json"
+    os.mkfifo(fifo_batch)
+    os.mkfifo(fifo_query)
+    folder_query = tmp_path / "d.query.json"
+    folder_query.mkdir()
+    for path, answer in (
+        (fifo_batch, {"valid": False, "error": "unreadable_path"}),
+        (tmp_path, {"valid": False, "error": "unreadable_path"}),
+        (fifo_query, {"error": "unreadable_path"}),
+        (folder_query, {"error": "unreadable_path"}),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "zerobatch_conformance.probe", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(proc.stdout)
+        assert {k: got[k] for k in answer} == answer, got
+        assert str(path) in got["detail"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[" * 100_000, '{"op": "block_order", "num_batches": 1e400}', "", "null"],
+    ids=["nested-too-deep", "number-too-large-for-a-float", "empty", "null"],
+)
+def test_probe_answers_any_malformed_query(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "q.query.json"
+    path.write_text(text)
+    assert probe(str(path))["error"] == "invalid_query"
+
+
+def test_probe_query_ranges_are_inclusive(tmp_path: Path) -> None:
+    """The stated ranges' ends are accepted: a u32 seed of 2^32 - 1, a u64 epoch of 2^64 - 1."""
+    path = tmp_path / "q.query.json"
+    path.write_text(json.dumps({"op": "record_permutation", "total_records": 3, "seed": 2**32 - 1}))
+    assert sorted(probe(str(path))["result"]) == [0, 1, 2]
+    order = {"op": "block_order", "num_batches": 3, "block_size": 2**64 - 1}
+    path.write_text(json.dumps({**order, "seed": 2**64 - 1, "epoch": 2**64 - 1}))
+    assert probe(str(path))["result"] == [0, 1, 2]
+    path.write_text(json.dumps({**order, "seed": 0, "epoch": 0, "block_size": 1, "x": None}))
+    assert sorted(probe(str(path))["result"]) == [0, 1, 2]

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.helpers import records
-from zerobatch_core import BatchFileReader, ErrorCode, validate_file, validation, write_batch_file
+from zerobatch_core import ErrorCode, validate_file, validation, write_batch_file
 
 
 def test_valid_report(make_file: Callable[..., Path]) -> None:
@@ -69,30 +69,45 @@ def test_deep_check_names_the_batch_across_chunks(
     assert report.detail.startswith(f"batch {bad_batch}: slot byte 93 is 0x07"), report.detail
 
 
-def test_deep_check_reports_a_file_that_shrinks_during_the_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+SHRINKING_DEEP_READ = r"""
+import os, sys
+from zerobatch_core import BatchFileReader, validate_file, validation
+validation.DEEP_CHUNK_BYTES = 2 * 4096  # 8 batches of one page each: four chunks
+original = BatchFileReader.slot_padding
+
+def shrink_after_first_chunk(self, start, stop):
+    if start == 0:
+        os.truncate(self.path, 4096 * 5)  # batches 0..3 stay, 4..7 are gone
+    return original(self, start, stop)
+
+BatchFileReader.slot_padding = shrink_after_first_chunk
+report = validate_file(sys.argv[1], deep=True)
+print(report.code)
+print(report.detail)
+"""
+
+
+def test_deep_check_reports_a_file_that_shrinks_during_the_read(tmp_path: Path) -> None:
     """A file truncated between two chunks of the deep read is ``size_mismatch``, not a crash.
 
     The truncation happens while the first chunk is being scanned (through a wrapper around
     the reader's own ``slot_padding``) and keeps that chunk's pages, so only the size check
-    before the next chunk can notice it.
+    before the next chunk can notice it; without it the scan touches a lost page (SIGBUS),
+    which is why this runs in a child process.
     """
-    monkeypatch.setattr(validation, "DEEP_CHUNK_BYTES", 2 * 4096)
     path = tmp_path / "shrinks.batch"
     write_batch_file(path, records(24, 5), batch_size=3, seed=1)  # 8 batches
-    original = BatchFileReader.slot_padding
-
-    def shrink_after_first_chunk(self: BatchFileReader, start: int, stop: int) -> Any:
-        if start == 0:
-            os.truncate(self.path, 4096 * 5)  # batches 0..3 stay, 4..7 are gone
-        return original(self, start, stop)
-
-    monkeypatch.setattr(BatchFileReader, "slot_padding", shrink_after_first_chunk)
-    report = validate_file(path, deep=True)
-    assert not report.valid and report.code is ErrorCode.SIZE_MISMATCH
-    assert report.detail is not None and "20480 bytes now" in report.detail
-    assert f"requires {4096 * 9}" in report.detail
+    proc = subprocess.run(
+        [sys.executable, "-c", SHRINKING_DEEP_READ, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    code, detail = proc.stdout.splitlines()[:2]
+    assert code == "size_mismatch"
+    assert "20480 bytes now" in detail and f"requires {4096 * 9}" in detail
 
 
 def test_not_a_regular_file_is_an_os_error(tmp_path: Path) -> None:
