@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import mmap
 import os
@@ -95,8 +96,9 @@ def run_worker(
     makes the worker send itself SIGBUS on that mutant: a check of the harness (the run must
     then report exactly one signal, at that index, and go on).
     """
-    scratch = tempfile.mkdtemp(prefix="zerobatch-fuzz-", dir=scratch_root())
-    path = os.path.join(scratch, "mutant.batch")
+    # Beside the status file, in the parent's work directory (tmpfs when there is one), which
+    # the parent removes at the end even if this process is killed.
+    path = status_path + ".batch"
     counts = [0] * len(OUTCOMES)
     slot = {name: i for i, name in enumerate(OUTCOMES)}
     with open(status_path, "r+b") as sf:
@@ -129,7 +131,8 @@ def run_worker(
     finally:
         log.close()
         status.close()
-        shutil.rmtree(scratch, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
 
 # -- parent ---------------------------------------------------------------------------------
