@@ -200,7 +200,9 @@ def test_spec_cursor_example_is_what_state_dict_returns(tmp_path: Path) -> None:
     it = iter(loader)
     for _ in range(4):
         next(it)
-    assert loader.state_dict() == json.loads(block)
+    state = loader.state_dict()
+    assert state.pop("source") == loader.identity()  # depends on the tokens: not in the example
+    assert state == json.loads(block)
     resumed = BatchNativeLoader(path, block_size=3)
     resumed.load_state_dict(json.loads(block))
     np.testing.assert_array_equal(next(iter(resumed)), resumed.reader.read_batch(3))
@@ -208,3 +210,29 @@ def test_spec_cursor_example_is_what_state_dict_returns(tmp_path: Path) -> None:
         next(it)
     assert (loader.epoch, loader.step) == (0, 10)
     assert next(it, None) is None and (loader.epoch, loader.step) == (1, 0)
+
+
+def test_file_identity_is_the_spec_formula(tmp_path: Path) -> None:
+    """SPEC.md section 9's ``source`` for a file, recomputed here from the bytes on disk."""
+    import xxhash
+
+    path = tmp_path / "ident.batch"
+    write_batch_file(path, records(4 * 37, 300), batch_size=4, seed=3)  # 37 batches of 1200
+    data = path.read_bytes()
+    sample = xxhash.xxh3_64()
+    for i in sorted({i * 37 // 16 for i in range(16)}):
+        start = 4096 + i * 8192  # 1200 tokens = 4800 bytes: two-page slots
+        sample.update(data[start : start + 1024 * 4])
+    want = {
+        "file": {
+            "size": len(data),
+            "header_xxh3": f"{xxhash.xxh3_64_intdigest(data[:4096]):016x}",
+            "sample_xxh3": sample.hexdigest(),
+        }
+    }
+    assert BatchNativeLoader(path).state_dict()["source"] == want
+    other = tmp_path / "other.batch"
+    changed = bytearray(data)
+    changed[4096 + 8192 * 2 + 8] ^= 1  # a token inside sampled slot 2
+    other.write_bytes(bytes(changed))
+    assert BatchNativeLoader(other).state_dict()["source"] != want
