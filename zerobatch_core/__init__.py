@@ -22,6 +22,7 @@ from .errors import (
 from .ingest.convert import ConvertSummary, convert
 from .ingest.packing import pack_documents
 from .loader import DEFAULT_BLOCK_SIZE, BatchNativeLoader, Item, OutputDType, Position
+from .provenance import StepTrace, trace_step
 from .reader import BatchFileReader
 from .slicing import Slicing
 from .stream import (
@@ -34,7 +35,7 @@ from .stream import (
     StreamOptions,
 )
 from .tokenization import ByteTokenizer
-from .validation import ValidationReport, validate_file
+from .validation import DatasetReport, ValidationReport, validate_dataset, validate_file
 from .writer import write_batch_dataset, write_batch_file
 
 __version__ = "0.1.0"
@@ -50,6 +51,7 @@ __all__ = [
     "ConvertSummary",
     "DatasetError",
     "DatasetReader",
+    "DatasetReport",
     "DocumentLayout",
     "ErrorCode",
     "FormatError",
@@ -64,6 +66,7 @@ __all__ = [
     "Source",
     "Stage",
     "StateError",
+    "StepTrace",
     "StreamOptions",
     "ValidationReport",
     "WriteError",
@@ -79,6 +82,8 @@ __all__ = [
     "pack_documents",
     "rank_rows",
     "resolve_rank_world",
+    "trace_step",
+    "validate_dataset",
     "validate_file",
     "write_batch_dataset",
     "write_batch_file",

@@ -1,4 +1,5 @@
-"""The ``zerobatch`` command line: inspect, validate, write, convert, demo, and plugged-in commands.
+"""The ``zerobatch`` command line: inspect, validate, write, convert, dataset, trace, demo, and
+plugged-in commands. Every command that reads an LLMBATCH file also reads a dataset directory.
 
 Every command ends with one of the exit statuses in ``EXIT_CODES`` (printed by
 ``zerobatch --help`` and listed in the README). Errors are one line on stderr, never a traceback,
@@ -30,12 +31,27 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
-from zerobatch_spec import DTYPE_UINT32, HEADER_SIZE, TOKEN_DTYPE, U32_MAX
+from zerobatch_spec import (
+    DTYPE_UINT32,
+    HEADER_SIZE,
+    TOKEN_DTYPE,
+    U32_MAX,
+    U64_MAX,
+    padded_batch_bytes,
+)
+from zerobatch_spec.dataset import (
+    CHECKSUM_ALGORITHM,
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+)
 
 from . import __version__
+from .dataset import DatasetError, DatasetReader
 from .errors import FormatError, MissingDependencyError, WriteError, ZeroBatchError
+from .loader import DEFAULT_BLOCK_SIZE
 from .reader import BatchFileReader
-from .validation import validate_file
+from .validation import DatasetReport, validate_dataset, validate_file
 
 if TYPE_CHECKING:
     from .ingest.convert import ConvertSummary, Progress
@@ -48,7 +64,7 @@ EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 
 EXIT_CODES: tuple[tuple[int, str], ...] = (
-    (EXIT_OK, "success (validate: the file is valid)"),
+    (EXIT_OK, "success (validate: the file or dataset is valid)"),
     (EXIT_INVALID, "an invalid file, input data that cannot be converted, or a failed check"),
     (
         EXIT_USAGE,
@@ -109,20 +125,101 @@ def _readable_inputs(patterns: Sequence[str]) -> list[str]:
 
 def _check_output(args: argparse.Namespace, inputs: Sequence[str]) -> None:
     """The writers' own checks of ``args.output`` (``writer.check_output``: not a directory, in
-    an existing directory, not one of ``inputs``, not an existing file unless ``--overwrite``),
-    made before anything is read, and reported as usage errors."""
+    an existing directory, not one of ``inputs``, not an existing file unless ``--overwrite``;
+    with ``--shard-size``, ``dataset_build.check_dataset_output``), made before anything is
+    read, and reported as usage errors."""
+    from .dataset_build import check_dataset_output
     from .writer import check_output
 
     try:
-        check_output(args.output, overwrite=args.overwrite, inputs=inputs)
+        if args.shard_batches is None:
+            check_output(args.output, overwrite=args.overwrite, inputs=inputs)
+        else:
+            check_dataset_output(args.output, overwrite=args.overwrite, inputs=inputs)
     except WriteError as e:
         raise UsageError(flag_message(str(e), args.option_flags)[0]) from e
+
+
+def _dataset_directory(path: str) -> None:
+    """A ``UsageError`` unless the directory ``path`` holds a manifest."""
+    if not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        raise UsageError(
+            f"{path}: a directory but not a dataset (it has no {MANIFEST_NAME}); describe the "
+            f"LLMBATCH files in it with: zerobatch dataset create {path}"
+        )
 
 
 # --- commands -----------------------------------------------------------------------------------
 
 
+def _print_table(info: Mapping[str, object]) -> None:
+    """``key  value`` lines, keys padded to one width, floats to 4 decimals."""
+    width = max(len(k) for k in info)
+    for k, v in info.items():
+        print(f"{k:<{width}}  {f'{v:.4f}' if isinstance(v, float) else v}")
+
+
+def _inspect_dataset(args: argparse.Namespace) -> int:
+    _dataset_directory(args.file)
+    try:
+        reader = DatasetReader(args.file, verify="off")
+    except DatasetError as e:
+        if args.json:
+            error = {"code": e.code.value, "field": e.where, "detail": e.detail}
+            print(json.dumps({"path": e.path, "valid": False, "error": error}))
+        print(f"zerobatch inspect: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    with reader:
+        m = reader.manifest
+        batches = [s.num_batches for s in m.shards]
+        records = sum(s.total_records for s in m.shards)
+        info: dict[str, Any] = {
+            "path": reader.path,
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "shards": len(m.shards),
+            "num_batches": m.num_batches,
+            "batch_size": m.batch_size,
+            "seq_len": m.seq_len,
+            "seed": m.seed,
+            "dtype": DTYPE_UINT32,
+            "dtype_name": DTYPE_NAMES[DTYPE_UINT32],
+            "padded_batch_bytes": padded_batch_bytes(m.batch_size, m.seq_len),
+            "size": sum(s.size for s in m.shards),
+            "tokens": m.num_batches * m.batch_size * m.seq_len,
+            "total_records": records,
+            "dropped_records": records - m.num_batches * m.batch_size,
+            "shard_batches_min": min(batches, default=0),
+            "shard_batches_max": max(batches, default=0),
+            "checksum_algorithm": CHECKSUM_ALGORITHM,
+            "checksums_xxh3": m.checksums_xxh3,
+            "manifest_sha256": reader.manifest_sha256,
+            "sources": len(m.sources),
+        }
+    if args.json:
+        info["shard_list"] = [
+            {
+                "name": s.name,
+                "num_batches": s.num_batches,
+                "seed": s.seed,
+                "total_records": s.total_records,
+                "size": s.size,
+                "records": None if s.records is None else list(s.records),
+            }
+            for s in m.shards
+        ]
+        info["source_list"] = [{"path": s.path, "records": list(s.records)} for s in m.sources]
+        print(json.dumps(info))
+        return EXIT_OK
+    shown = {k: v for k, v in info.items() if k != "dtype_name"}
+    shown["dtype"] = f"{DTYPE_UINT32} ({info['dtype_name']})"
+    _print_table(shown)
+    return EXIT_OK
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if os.path.isdir(args.file):
+        return _inspect_dataset(args)
     try:
         reader = BatchFileReader(args.file)
     except FormatError as e:
@@ -149,13 +246,38 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return EXIT_OK
     shown = {k: v for k, v in info.items() if k != "dtype_name"}
     shown["dtype"] = f"{h.dtype} ({info['dtype_name']})"
-    width = max(len(k) for k in shown)
-    for k, v in shown.items():
-        print(f"{k:<{width}}  {f'{v:.4f}' if isinstance(v, float) else v}")
+    _print_table(shown)
     return EXIT_OK
 
 
+def _print_dataset_report(report: DatasetReport) -> None:
+    if report.valid:
+        m = report.manifest
+        assert m is not None
+        mode = (
+            "checked: manifest, shards, every slot's checksum and padding"
+            if report.deep
+            else "checked: manifest, checksums file, shard headers and sizes"
+        )
+        print(
+            f"OK {report.path}: dataset of {_plural(len(m.shards), 'shard')}, "
+            f"{_plural(m.num_batches, 'batch')} of [{m.batch_size}, {m.seq_len}] ({mode})"
+        )
+        return
+    print(f"INVALID {report.path}: {_plural(len(report.failures), 'failure')}")
+    for failure in report.failures:
+        print(f"  {failure}")
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
+    if os.path.isdir(args.file):
+        _dataset_directory(args.file)
+        dataset = validate_dataset(args.file, deep=args.deep)
+        if args.json:
+            print(json.dumps(dataset.as_dict()))
+        else:
+            _print_dataset_report(dataset)
+        return EXIT_OK if dataset.valid else EXIT_INVALID
     report = validate_file(args.file, deep=args.deep)
     if args.json:
         print(json.dumps(report.as_dict()))
@@ -243,6 +365,7 @@ def cmd_write(args: argparse.Namespace) -> int:
             kind="npy",
             overwrite=args.overwrite,
             allow_empty=args.allow_empty,
+            shard_batches=args.shard_batches,
         )
     _print_summary(args, summary)
     return EXIT_OK
@@ -272,8 +395,83 @@ def cmd_convert(args: argparse.Namespace) -> int:
             bos_token=args.bos_token,
             overwrite=args.overwrite,
             allow_empty=args.allow_empty,
+            shard_batches=args.shard_batches,
         )
     _print_summary(args, summary)
+    return EXIT_OK
+
+
+def _shard_name(directory: str, path: str) -> str:
+    """A ``FILE`` of ``dataset create`` as a name inside ``directory``: a bare name is one,
+    a path must lie in the directory itself."""
+    where, name = os.path.split(path)
+    if where and os.path.realpath(where) != os.path.realpath(directory):
+        raise UsageError(
+            f"{path}: not in {directory}; a dataset's shards are files inside its directory "
+            f"(move or link them there, or name them relative to it)"
+        )
+    return name
+
+
+def cmd_dataset_create(args: argparse.Namespace) -> int:
+    from .dataset_build import create_dataset
+
+    directory = args.directory
+    if not os.path.isdir(directory):
+        raise UsageError(f"{directory}: no such directory")
+    names = [_shard_name(directory, f) for f in args.files] or None
+    manifest = create_dataset(directory, names, seed=args.seed, overwrite=args.overwrite)
+    summary = {
+        "path": os.path.join(directory, MANIFEST_NAME),
+        "shards": len(manifest.shards),
+        "num_batches": manifest.num_batches,
+        "batch_size": manifest.batch_size,
+        "seq_len": manifest.seq_len,
+        "seed": manifest.seed,
+        "size": sum(s.size for s in manifest.shards),
+    }
+    if args.json:
+        print(json.dumps(summary))
+    elif not args.quiet:
+        print(
+            f"wrote {summary['path']}: {_plural(len(manifest.shards), 'shard')}, "
+            f"{_plural(manifest.num_batches, 'batch')} of [{manifest.batch_size}, "
+            f"{manifest.seq_len}], seed {manifest.seed}"
+        )
+    return EXIT_OK
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from .provenance import trace_step
+
+    if os.path.isdir(args.path):
+        _dataset_directory(args.path)
+    else:
+        _check_readable(args.path)
+    try:
+        trace = trace_step(
+            args.path,
+            args.step,
+            epoch=args.epoch,
+            block_size=args.block_size,
+            seed=args.seed,
+            shuffle=not args.no_shuffle,
+            global_batch_size=args.global_batch_size,
+            rank=args.rank,
+            world_size=args.world_size,
+            context_rank=args.context_rank,
+            context_size=args.context_size,
+            zigzag=args.zigzag,
+            next_token=args.next_token,
+        )
+    except (ValueError, IndexError) as e:
+        if isinstance(e, ZeroBatchError):  # the data's fault: a broken manifest or file
+            raise
+        raise UsageError(flag_message(str(e), args.option_flags)[0]) from e
+    if args.json:
+        print(json.dumps(trace.as_dict()))
+    else:
+        print("\n".join(trace.lines()))
     return EXIT_OK
 
 
@@ -301,6 +499,23 @@ def _positive(text: str) -> int:
     if not 1 <= v <= U32_MAX:
         raise argparse.ArgumentTypeError(f"expected an integer in [1, 2**32 - 1], got {v}")
     return v
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= v <= U64_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64 - 1], got {v}")
+    return v
+
+
+def _u64(text: str) -> int:
+    try:
+        return _count(str(int(text, 0)))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
 def _u32(text: str) -> int:
@@ -466,7 +681,8 @@ def _table(rows: Sequence[tuple[object, str]], width: int = 78) -> str:
 DESCRIPTION = (
     "ZeroBatch reads, writes and checks LLMBATCH files: pre-tokenized LLM training data stored "
     f"as page-aligned [batch_size, seq_len] {TOKEN_DTYPE.name} batches behind a {HEADER_SIZE}-byte "
-    "header, read by a training loop with no per-sample work.\n\n"
+    "header, read by a training loop with no per-sample work. A dataset is a directory of "
+    "such files with a manifest; every command that reads a file reads a dataset too.\n\n"
     "Run 'zerobatch COMMAND --help' for a command's options and examples."
 )
 
@@ -474,7 +690,10 @@ EPILOG = (
     "examples:\n"
     "  zerobatch convert 'data/*.bin' train.batch --seq-len 1024 --batch-size 32\n"
     "  zerobatch validate train.batch --deep\n"
-    "  zerobatch inspect train.batch\n\n"
+    "  zerobatch inspect train.batch\n"
+    "  zerobatch convert 'data/*.bin' data/train --seq-len 1024 --batch-size 32 "
+    "--shard-size 1000\n"
+    "  zerobatch trace data/train --step 1200 --rank 3 --of 8\n\n"
     f"exit status:\n{_table(EXIT_CODES)}\n\n"
     "Errors are one line on stderr; --debug, before or after the command, adds the Python "
     "traceback."
@@ -538,6 +757,99 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the summary as one JSON object, also with --quiet (default: text)",
     )
+    p.add_argument(
+        "--shard-size",
+        dest="shard_batches",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="write OUTPUT as a dataset directory of shards of N batches each, with a manifest "
+        "naming the input file of every record range (default: one file)",
+    )
+
+
+def _add_trace_options(p: argparse.ArgumentParser) -> None:
+    """The order and slicing options of ``trace``: the loader's parameters and defaults."""
+    p.add_argument(
+        "--step",
+        type=_count,
+        required=True,
+        metavar="N",
+        help="the step within the epoch (required)",
+    )
+    p.add_argument("--epoch", type=_count, default=0, metavar="E", help="the epoch")
+    p.add_argument("--rank", type=_count, default=0, metavar="R", help="data-parallel rank")
+    p.add_argument(
+        "--of",
+        dest="world_size",
+        type=_positive,
+        default=1,
+        metavar="D",
+        help="data-parallel ranks (world size)",
+    )
+    p.add_argument(
+        "--context-rank", type=_count, default=0, metavar="C", help="context-parallel rank"
+    )
+    p.add_argument(
+        "--context-size", type=_positive, default=1, metavar="CS", help="context-parallel ranks"
+    )
+    p.add_argument(
+        "--zigzag",
+        action="store_true",
+        help="context chunks c and 2C-1-c of 2C, the load-balanced split for causal attention "
+        "(default: chunk c of C)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=_positive,
+        default=DEFAULT_BLOCK_SIZE,
+        metavar="B",
+        help="stored batches per shuffled block, as given to the loader",
+    )
+    p.add_argument(
+        "--seed",
+        type=_u64,
+        default=None,
+        metavar="S",
+        help="order seed (default: the dataset's or file's seed, as the loader's)",
+    )
+    p.add_argument(
+        "--no-shuffle", action="store_true", help="storage order (default: block-shuffled)"
+    )
+    p.add_argument(
+        "--global-batch-size",
+        type=_positive,
+        default=None,
+        metavar="G",
+        help="samples per step over all ranks (default: the stored batch size)",
+    )
+    p.add_argument(
+        "--next-token",
+        action="store_true",
+        help="columns of (inputs, labels) pairs: each range is read one token further "
+        "(default: whole tokens)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object (default: text lines)"
+    )
+
+
+def _finish_commands(sub: Any) -> None:
+    """Give every command (and every action of a command with actions) ``--debug`` and the
+    flag names its API errors are translated to."""
+    for command in sub.choices.values():
+        if "--debug" not in command._option_string_actions:
+            command.add_argument(
+                "--debug",
+                action="store_true",
+                default=argparse.SUPPRESS,  # keeps a --debug given before the command
+                help="on an error, also print the Python traceback",
+            )
+        command.set_defaults(option_flags=_option_flags(command))
+        if command._subparsers is not None:
+            for action in command._subparsers._group_actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    _finish_commands(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -555,10 +867,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the header fields of an LLMBATCH file and the sizes derived from "
         "them: bytes per batch slot, padding, file size, tokens, and the records the writer "
         "dropped. Only the header is read, so it is instant on any file. A file that fails "
-        "the header or size checks is reported as invalid (exit 1).",
-        epilog="examples:\n  zerobatch inspect train.batch\n  zerobatch inspect train.batch --json",
+        "the header or size checks is reported as invalid (exit 1).\n\n"
+        "For a dataset directory, the manifest's summary: shards, slots, batch shape, seed, "
+        "size and checksum algorithm (--json adds every shard and source); only the manifest "
+        "is read.",
+        epilog="examples:\n"
+        "  zerobatch inspect train.batch\n"
+        "  zerobatch inspect train.batch --json\n"
+        "  zerobatch inspect data/train/",
     )
-    p.add_argument("file", metavar="FILE", help="the .batch file to describe")
+    p.add_argument("file", metavar="PATH", help="the .batch file or dataset directory to describe")
     p.add_argument("--json", action="store_true", help="print one JSON object (default: text)")
     p.set_defaults(func=cmd_inspect)
 
@@ -568,17 +886,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check an LLMBATCH file against the specification (spec/SPEC.md): the "
         "header rules and the exact file size and, with --deep, that the padding bytes of "
         "every batch slot are zero (this reads the whole file). Prints OK, or INVALID with "
-        "the error code, the field and what was found.",
+        "the error code, the field and what was found.\n\n"
+        "For a dataset directory: the manifest, the checksums file, and every shard against "
+        "the manifest (present, size, header, file rules) and, with --deep, every slot's "
+        "checksum and padding; *.batch files the manifest does not list are extra_shard. "
+        "Every failure is listed with its shard and slot.",
         epilog="examples:\n"
         "  zerobatch validate train.batch\n"
-        "  zerobatch validate train.batch --deep --json\n\n"
-        "exit status: 0 valid, 1 invalid, 2 the file cannot be read.",
+        "  zerobatch validate train.batch --deep --json\n"
+        "  zerobatch validate --deep data/train/\n\n"
+        "exit status: 0 valid, 1 invalid, 2 the path cannot be read.",
     )
-    p.add_argument("file", metavar="FILE", help="the .batch file to check")
+    p.add_argument("file", metavar="PATH", help="the .batch file or dataset directory to check")
     p.add_argument(
         "--deep",
         action="store_true",
-        help="also read every slot's padding bytes (default: the header and file size only)",
+        help="also read every slot: its padding bytes, and in a dataset its checksum "
+        "(default: the header and file size only)",
     )
     p.add_argument(
         "--json",
@@ -593,18 +917,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a [records, seq_len] token array (.npy) as an LLMBATCH file",
         description="Shuffle the records (rows) of a 2-D integer .npy array with --seed, group "
         "them into batches of --batch-size records and write them as an LLMBATCH file. "
-        "Records that do not fill a last batch are dropped; the summary says how many.\n\n"
+        "Records that do not fill a last batch are dropped; the summary says how many. With "
+        "--shard-size, OUTPUT is a dataset directory of shards instead.\n\n"
         "For a flat 1-D token array, nanoGPT .bin shards or text, use 'zerobatch convert'.",
         epilog="examples:\n"
         "  zerobatch write tokens.npy train.batch --batch-size 32\n"
-        "  zerobatch write tokens.npy train.batch --batch-size 32 --seed 7 --overwrite",
+        "  zerobatch write tokens.npy train.batch --batch-size 32 --seed 7 --overwrite\n"
+        "  zerobatch write tokens.npy data/train --batch-size 32 --shard-size 1000",
     )
     p.add_argument(
         "input",
         metavar="INPUT",
         help=".npy file of integer tokens in [0, 2**32 - 1], shape [records, seq_len]",
     )
-    p.add_argument("output", metavar="OUTPUT", help="the .batch file to write")
+    p.add_argument(
+        "output",
+        metavar="OUTPUT",
+        help="the .batch file to write (with --shard-size, the dataset directory)",
+    )
     _add_shape_options(
         p, "tokens per record, checked against the array (default: the array's width)", False
     )
@@ -619,12 +949,17 @@ def build_parser() -> argparse.ArgumentParser:
         "file suffixes (or --kind). Token streams are cut into records of --seq-len tokens; "
         "text is first tokenized (--tokenizer) and packed into records (--mode). Memory stays "
         "bounded whatever the corpus size, and OUTPUT appears only once it is complete.\n\n"
+        "With --shard-size N, OUTPUT is a dataset directory: shards of N batches and a "
+        "manifest (written last) that records which input file gave which records; text "
+        "packed across files counts a record as its first token's file.\n\n"
         "Parquet files and the hf: and tiktoken: tokenizers need the text extra:\n"
         "  pip install 'zerobatch[text]'",
         epilog="examples:\n"
         "  zerobatch convert 'data/fineweb_train_*.bin' train.batch --seq-len 1024 "
         "--batch-size 32\n"
         "  zerobatch convert tokens.npy train.batch --seq-len 512 --batch-size 16\n"
+        "  zerobatch convert 'data/*.bin' data/train --seq-len 1024 --batch-size 32 "
+        "--shard-size 1000\n"
         "  zerobatch convert 'corpus/*.parquet' train.batch --seq-len 2048 --batch-size 16 \\\n"
         "      --tokenizer 'hf:tokenizer.json?bos=<|endoftext|>' --workers 8\n"
         "  zerobatch convert notes.txt train.batch --seq-len 256 --batch-size 8 --per-line\n\n"
@@ -641,7 +976,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SOURCE",
         help="input files or quoted glob patterns, all of one kind, read in the order given",
     )
-    p.add_argument("output", metavar="OUTPUT", help="the .batch file to write")
+    p.add_argument(
+        "output",
+        metavar="OUTPUT",
+        help="the .batch file to write (with --shard-size, the dataset directory)",
+    )
     _add_shape_options(p, "tokens per record: the training sequence length (required)", True)
     p.add_argument(
         "--kind",
@@ -703,6 +1042,72 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_convert)
 
+    p = sub.add_parser(
+        "dataset",
+        help="build dataset directories (manifests over LLMBATCH shards)",
+        description="A dataset is a directory of LLMBATCH files (shards) of one batch size "
+        "and sequence length, described by manifest.json (written last, atomically) and "
+        "checksums.xxh3 (an XXH3-64 of every batch slot). 'zerobatch convert --shard-size' "
+        "writes one; 'dataset create' describes files that already exist.",
+        epilog="examples:\n  zerobatch dataset create data/train\n"
+        "  zerobatch dataset create data/train part-0.batch part-1.batch --seed 7",
+    )
+    actions = p.add_subparsers(
+        dest="action", required=True, metavar="ACTION", title="actions", parser_class=Parser
+    )
+    c = actions.add_parser(
+        "create",
+        help="write a manifest over LLMBATCH files in a directory",
+        description="Describe LLMBATCH files inside DIR as a dataset: read every batch slot "
+        "once to checksum it, then write checksums.xxh3 and manifest.json. The files must "
+        "share batch_size and seq_len; their order is the dataset's.",
+        epilog="examples:\n"
+        "  zerobatch dataset create data/train\n"
+        "  zerobatch dataset create data/train data/train/b.batch data/train/a.batch\n"
+        "  zerobatch dataset create data/train --seed 7 --overwrite --json",
+    )
+    c.add_argument("directory", metavar="DIR", help="the directory holding the files")
+    c.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="the shard files in dataset order, by name or as paths inside DIR "
+        "(default: every *.batch file in DIR, sorted by name)",
+    )
+    c.add_argument(
+        "--seed",
+        type=_u64,
+        default=None,
+        metavar="S",
+        help="the dataset's order seed, the loader's default (default: the first file's seed)",
+    )
+    c.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the manifest of a directory that is already a dataset (default: refuse)",
+    )
+    c.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    c.add_argument("--json", action="store_true", help="print one JSON object (default: text)")
+    c.set_defaults(func=cmd_dataset_create)
+
+    p = sub.add_parser(
+        "trace",
+        help="show what a step reads and which input records it came from",
+        description="For one step of the loader (the same order and slicing parameters, with "
+        "the same defaults), print the stored batches it reads, the rows and token columns "
+        "this rank gets, and for every row where it came from: its record in the shard, "
+        "through the writer's record permutation, its input record, and from the manifest's "
+        "sources the input file and the record's index in it. Only the manifest (or a "
+        "file's header) is read.",
+        epilog="examples:\n"
+        "  zerobatch trace data/train --step 1200\n"
+        "  zerobatch trace data/train --step 1200 --epoch 2 --rank 3 --of 8 --json\n"
+        "  zerobatch trace data/train --step 7 --context-rank 1 --context-size 2 --zigzag",
+    )
+    p.add_argument("path", metavar="DATASET", help="a dataset directory or an LLMBATCH file")
+    _add_trace_options(p)
+    p.set_defaults(func=cmd_trace)
+
     for register in _command_plugins():  # zerobatch conformance, zerobatch probe, ...
         register(sub)
 
@@ -725,15 +1130,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_demo)
 
-    for command in sub.choices.values():
-        if "--debug" not in command._option_string_actions:
-            command.add_argument(
-                "--debug",
-                action="store_true",
-                default=argparse.SUPPRESS,  # keeps a --debug given before the command
-                help="on an error, also print the Python traceback",
-            )
-        command.set_defaults(option_flags=_option_flags(command))
+    _finish_commands(sub)
     return parser
 
 
@@ -766,7 +1163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``zerobatch`` with ``argv`` (default: ``sys.argv[1:]``) and return the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    prog = f"zerobatch {args.command}"
+    prog = " ".join(["zerobatch", args.command, *filter(None, [getattr(args, "action", None)])])
     try:
         status: int = args.func(args)
     except KeyboardInterrupt:

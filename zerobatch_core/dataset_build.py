@@ -7,12 +7,19 @@ permuted with the shard's seed by the file writer's rule). ``create_dataset`` de
 that already exist. Both then write ``checksums.xxh3`` and, last, ``manifest.json``, each
 atomically: a directory without a manifest is not a dataset, and a manifest never names a shard
 that is missing or partial.
+
+``write_sharded_dataset`` owns the names ``shard-NNNNN.batch``, ``checksums.xxh3`` and
+``manifest.json`` in its directory: it refuses a directory that holds any of them unless
+``overwrite=True`` (a manifest: an existing dataset; shards alone: an unfinished write), never
+writes over one of its ``inputs``, and after an overwrite removes the shard files of the earlier
+dataset that the new manifest does not list, so the directory holds exactly the new dataset.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +44,14 @@ from .writer import write_batch_dataset, write_bytes_atomic
 
 SHARD_PATTERN = "shard-{:05d}.batch"
 """File names of the shards ``write_sharded_dataset`` writes."""
+
+SHARD_NAME = re.compile(r"\Ashard-[0-9]{5,}\.batch\Z")
+"""Matches every name ``SHARD_PATTERN`` gives (shard 100000 on has more digits)."""
+
+PathLike = str | os.PathLike[str]
+SourcesArg = Sequence[Source] | Callable[[], Sequence[Source]]
+"""The manifest's sources, or a function giving them once the record stream is exhausted (for
+inputs whose record counts are known only after reading them)."""
 
 U32Rows = npt.NDArray[np.uint32]
 
@@ -65,6 +80,14 @@ def _finish(
     overwrite: bool,
 ) -> Manifest:
     """Write the checksums, then the manifest (last): the dataset exists from that moment."""
+    total = sum(s.total_records for s in shards)
+    for source in sources:
+        first, last = source.records
+        if not 0 <= first <= last <= total:
+            raise WriteError(
+                f"{directory}: source {source.path}: records [{first}, {last}) are outside the "
+                f"dataset's {total:,} input records"
+            )
     data = np.concatenate(checksums).astype("<u8").tobytes() if checksums else b""
     write_bytes_atomic(os.path.join(directory, CHECKSUMS_NAME), data, overwrite=True)
     manifest = Manifest(batch_size, seq_len, seed, tuple(shards), bytes_xxh3(data), tuple(sources))
@@ -76,12 +99,62 @@ def _finish(
 
 def _check_directory(directory: str | os.PathLike[str], overwrite: bool) -> str:
     path = os.fspath(directory)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise WriteError(f"{path}: exists and is not a directory (a dataset is a directory)")
     os.makedirs(path, exist_ok=True)
     if os.path.exists(os.path.join(path, MANIFEST_NAME)) and not overwrite:
         raise WriteError(
             f"{path}: already a dataset (it has a {MANIFEST_NAME}); pass overwrite=True "
             "(--overwrite on the command line) to replace it"
         )
+    return path
+
+
+_METADATA = (MANIFEST_NAME, CHECKSUMS_NAME)
+
+
+def _owned_names(path: str) -> list[str]:
+    """The shard files in ``path`` named as ``write_sharded_dataset`` names them, sorted."""
+    try:
+        return sorted(n for n in os.listdir(path) if SHARD_NAME.match(n))
+    except FileNotFoundError:
+        return []
+
+
+def check_dataset_output(
+    directory: PathLike, *, overwrite: bool = False, inputs: Iterable[PathLike] = ()
+) -> str:
+    """``directory`` as a string, after the checks ``write_sharded_dataset`` makes first.
+
+    Nothing is created. Refused with a ``WriteError`` naming the path: an existing path that is
+    not a directory; a directory that is already a dataset, or that holds shard files
+    (``shard-NNNNN.batch``) without a manifest, unless ``overwrite``; and, always, an input
+    that is one of the files the write would replace (a shard, the checksums or the manifest).
+    """
+    path = os.fspath(directory)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise WriteError(f"{path}: output path exists and is not a directory (a dataset is one)")
+    if os.path.isdir(path):
+        real = os.path.realpath(path)
+        for item in inputs:
+            name = os.fspath(item)
+            where, base = os.path.split(os.path.realpath(name))
+            if where == real and (SHARD_NAME.match(base) or base in _METADATA):
+                raise WriteError(
+                    f"{name}: input file would be replaced by the dataset written into {path}"
+                )
+        if os.path.exists(os.path.join(path, MANIFEST_NAME)) and not overwrite:
+            raise WriteError(
+                f"{path}: already a dataset (it has a {MANIFEST_NAME}); pass overwrite=True "
+                "(--overwrite on the command line) to replace it"
+            )
+        leftovers = _owned_names(path)
+        if leftovers and not overwrite:
+            raise WriteError(
+                f"{path}: holds shard files ({leftovers[0]}, ...) but no {MANIFEST_NAME}, left "
+                "by an unfinished write; pass overwrite=True (--overwrite on the command line) "
+                "to replace them"
+            )
     return path
 
 
@@ -117,7 +190,8 @@ def create_dataset(
             elif shape != (reader.batch_size, reader.seq_len):
                 raise WriteError(
                     f"{path}: {name} has batch_size, seq_len = "
-                    f"{(reader.batch_size, reader.seq_len)}; the first shard has {shape}"
+                    f"{(reader.batch_size, reader.seq_len)}; the first shard, {names[0]}, has "
+                    f"{shape}: a dataset's shards share one shape"
                 )
             shards.append(_describe(reader, name, None))
             checksums.append(slot_checksums(reader))
@@ -181,8 +255,10 @@ def write_sharded_dataset(
     seq_len: int,
     shard_batches: int,
     seed: int = 0,
-    sources: Sequence[Source] = (),
+    sources: SourcesArg = (),
     overwrite: bool = False,
+    allow_empty: bool = False,
+    inputs: Iterable[PathLike] = (),
 ) -> Manifest:
     """Write a record stream as a dataset of shards of ``shard_batches`` batches each.
 
@@ -191,38 +267,63 @@ def write_sharded_dataset(
     writer with seed ``shard_seed(seed, i)``; only the last shard can be shorter, and only it
     drops a remainder (its record count modulo ``batch_size``). Memory stays bounded by the
     file writer's bound; the disk needs room for one shard's scratch space at a time.
+
+    ``sources`` go into the manifest: which input file gave which range of the stream's
+    records (a function is called once the stream is exhausted). A stream that fills no batch
+    is refused unless ``allow_empty`` (a stream of no record at all writes a dataset of no
+    shard). The directory is checked first (``check_dataset_output``, with ``inputs``). If
+    anything fails before the manifest is written (a source error, an interruption), the
+    shards this call wrote are removed.
     """
     batch_size = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
     seq_len = int_arg("seq_len", seq_len, 1, U32_MAX, WriteError)
     shard_batches = int_arg("shard_batches", shard_batches, 1, U32_MAX // batch_size, WriteError)
     seed = int_arg("seed", seed, 0, U32_MAX, WriteError)
-    path = _check_directory(directory, overwrite)
+    path = check_dataset_output(directory, overwrite=overwrite, inputs=inputs)
+    os.makedirs(path, exist_ok=True)
     cutter = _ShardCutter(records, seq_len)
     per_shard = shard_batches * batch_size
     shards: list[Shard] = []
     checksums: list[npt.NDArray[np.uint64]] = []
     first = 0
-    while not cutter.empty():
-        name = SHARD_PATTERN.format(len(shards))
-        target = os.path.join(path, name)
-        written = _Counted(cutter.run(per_shard))
-        write_batch_dataset(
-            target,
-            written,
-            total_records=None,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            seed=shard_seed(seed, len(shards)),
-            overwrite=True,
-            allow_empty=True,
-        )
-        with BatchFileReader(target) as reader:
-            shards.append(_describe(reader, name, (first, first + written.count)))
-            checksums.append(slot_checksums(reader))
-        first += written.count
-    if not shards:
-        raise WriteError(f"{path}: no records to write")
-    return _finish(path, shards, checksums, batch_size, seq_len, seed, sources, overwrite)
+    try:
+        while not cutter.empty():
+            name = SHARD_PATTERN.format(len(shards))
+            target = os.path.join(path, name)
+            written = _Counted(cutter.run(per_shard))
+            write_batch_dataset(
+                target,
+                written,
+                total_records=None,
+                batch_size=batch_size,
+                seq_len=seq_len,
+                seed=shard_seed(seed, len(shards)),
+                overwrite=True,
+                allow_empty=True,
+            )
+            with BatchFileReader(target) as reader:
+                shards.append(_describe(reader, name, (first, first + written.count)))
+                checksums.append(slot_checksums(reader))
+            first += written.count
+        if not allow_empty and sum(s.num_batches for s in shards) == 0:
+            raise WriteError(
+                f"{path}: the dataset would hold 0 batches: {first:,} "
+                f"{'record is' if first == 1 else 'records are'} fewer than "
+                f"batch_size={batch_size}; pass allow_empty=True (--allow-empty on the command "
+                "line) to write it anyway"
+            )
+        listed = sources() if callable(sources) else sources
+    except BaseException:
+        for shard in shards:  # listed by no manifest: not left behind
+            os.unlink(os.path.join(path, shard.name))
+        raise
+    manifest = _finish(path, shards, checksums, batch_size, seq_len, seed, listed, overwrite)
+    if overwrite:  # the earlier dataset's shards that the new manifest does not list
+        kept = {s.name for s in shards}
+        for name in _owned_names(path):
+            if name not in kept:
+                os.unlink(os.path.join(path, name))
+    return manifest
 
 
 class _Counted(Iterator[npt.NDArray[np.integer]]):
@@ -237,4 +338,10 @@ class _Counted(Iterator[npt.NDArray[np.integer]]):
         return block
 
 
-__all__ = ["SHARD_PATTERN", "create_dataset", "write_sharded_dataset"]
+__all__ = [
+    "SHARD_NAME",
+    "SHARD_PATTERN",
+    "check_dataset_output",
+    "create_dataset",
+    "write_sharded_dataset",
+]

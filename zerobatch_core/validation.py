@@ -1,15 +1,22 @@
-"""Whole-file validation: rules 1-8 at open, plus the opt-in deep check of every slot's padding."""
+"""Validation of a file (rules 1-8 at open, plus the opt-in deep check of every slot's padding)
+and of a dataset directory (its manifest, every shard against it, and with ``deep`` every slot's
+checksum and padding, every failure listed by shard and slot).
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from zerobatch_spec import TOKEN_BYTES, ErrorCode, Header, Violation
+from zerobatch_spec.dataset import CHECKSUM_ALGORITHM, MANIFEST_NAME, DatasetCode, Manifest
 
-from .errors import FormatError
+from .dataset import DatasetError, DatasetReader, file_slot_checksum
+from .errors import FormatError, ZeroBatchIOError
 from .reader import BatchFileReader
 
 DEEP_CHUNK_BYTES = 64 * 2**20
@@ -39,6 +46,21 @@ class ValidationReport:
         return out
 
 
+def _padding_violation(h: Header, batch: int, words: npt.NDArray[np.uint32]) -> Violation:
+    """The ``nonzero_padding`` violation of slot ``batch``, whose padding words are ``words``
+    (at least one non-zero): it names the slot's first non-zero byte."""
+    word = int(np.flatnonzero(words)[0])
+    raw = words[word : word + 1].tobytes()
+    byte = next(i for i, v in enumerate(raw) if v)
+    offset = h.raw_batch_bytes + TOKEN_BYTES * word + byte
+    return Violation(
+        ErrorCode.NONZERO_PADDING,
+        "padding",
+        f"batch {batch}: slot byte {offset} is {raw[byte]:#04x}; slot bytes "
+        f"{h.raw_batch_bytes}..{h.padded_batch_bytes - 1} must be zero",
+    )
+
+
 def find_padding_violation(reader: BatchFileReader) -> Violation | None:
     """First non-zero padding byte in any slot, scanning the mapping chunk by chunk.
 
@@ -54,17 +76,8 @@ def find_padding_violation(reader: BatchFileReader) -> Violation | None:
         reader.check_size()
         pad = reader.slot_padding(b0, min(b0 + step, h.num_batches))
         if pad.any():
-            rows, cols = np.nonzero(pad)
-            batch, word = b0 + int(rows[0]), int(cols[0])
-            raw = pad[rows[0], word : word + 1].tobytes()
-            byte = next(i for i, v in enumerate(raw) if v)
-            offset = h.raw_batch_bytes + TOKEN_BYTES * word + byte
-            return Violation(
-                ErrorCode.NONZERO_PADDING,
-                "padding",
-                f"batch {batch}: slot byte {offset} is {raw[byte]:#04x}; slot bytes "
-                f"{h.raw_batch_bytes}..{h.padded_batch_bytes - 1} must be zero",
-            )
+            row = int(np.flatnonzero(pad.any(axis=1))[0])
+            return _padding_violation(h, b0 + row, pad[row])
     return None
 
 
@@ -91,3 +104,205 @@ def validate_file(path: str | os.PathLike[str], deep: bool = False) -> Validatio
             if v is not None:
                 return ValidationReport(p, False, reader.header, v.code, v.field, v.detail, deep)
         return ValidationReport(p, True, reader.header, deep=deep)
+
+
+# -- datasets ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetFailure:
+    """One thing wrong with a dataset: a stable code, the shard and slot concerned, and what.
+
+    ``code`` is a ``DatasetCode`` value (``shard_missing``, ``checksum_mismatch``, ...) or, for a
+    shard that breaks a file rule, an ``ErrorCode`` value (``bad_magic``, ``nonzero_padding``).
+    ``shard`` is the shard's file name (``None`` for the manifest and the checksums file),
+    ``slot`` the slot within the shard and ``dataset_slot`` its index in the dataset (both
+    ``None`` when the failure is not one slot's). ``where`` is the manifest field, shard field
+    or file concerned.
+    """
+
+    code: str
+    shard: str | None
+    slot: int | None
+    dataset_slot: int | None
+    where: str
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "code": self.code,
+            "shard": self.shard,
+            "slot": self.slot,
+            "dataset_slot": self.dataset_slot,
+            "where": self.where,
+            "detail": self.detail,
+        }
+
+    def __str__(self) -> str:
+        place = self.shard or self.where
+        if self.slot is not None:
+            place += f" slot {self.slot} (dataset slot {self.dataset_slot})"
+        return f"{place}: {self.code}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class DatasetReport:
+    """Outcome of validating a dataset directory: every failure found, in manifest order."""
+
+    path: str
+    deep: bool
+    manifest: Manifest | None
+    failures: tuple[DatasetFailure, ...] = ()
+    shards_checked: int = 0
+    slots_checked: int = 0
+
+    @property
+    def valid(self) -> bool:
+        """Whether nothing failed."""
+        return not self.failures
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form used by ``zerobatch validate --json`` on a dataset."""
+        out: dict[str, Any] = {"path": self.path, "valid": self.valid, "deep": self.deep}
+        m = self.manifest
+        if m is not None:
+            out["dataset"] = {
+                "shards": len(m.shards),
+                "num_batches": m.num_batches,
+                "batch_size": m.batch_size,
+                "seq_len": m.seq_len,
+                "seed": m.seed,
+                "checksum_algorithm": CHECKSUM_ALGORITHM,
+            }
+        out["shards_checked"] = self.shards_checked
+        out["slots_checked"] = self.slots_checked
+        out["failures"] = [f.as_dict() for f in self.failures]
+        return out
+
+
+def _dataset_failure(e: DatasetError, shard: str | None) -> DatasetFailure:
+    return DatasetFailure(e.code.value, shard, None, None, e.where, e.detail)
+
+
+def _file_failure(
+    e: FormatError, shard: str, slot: int | None = None, first: int = 0
+) -> DatasetFailure:
+    where = f"{shard}: field {e.field}"
+    return DatasetFailure(
+        e.code.value, shard, slot, None if slot is None else first + slot, where, e.detail
+    )
+
+
+def _slot_failures(
+    reader: BatchFileReader, name: str, first: int, sums: npt.NDArray[np.uint64] | None
+) -> list[DatasetFailure]:
+    """Every slot of one open shard whose padding is not zero or whose XXH3-64 is not the
+    checksums file's (``sums``; ``None`` when that file is broken), chunk by chunk."""
+    h = reader.header
+    failures: list[DatasetFailure] = []
+    step = max(1, DEEP_CHUNK_BYTES // h.padded_batch_bytes)
+    for b0 in range(0, h.num_batches, step):
+        b1 = min(b0 + step, h.num_batches)
+        try:
+            reader.check_size()  # a shard shrunk under the mapping: report, never fault
+        except FormatError as e:
+            failures.append(_file_failure(e, name))
+            return failures
+        pad = reader.slot_padding(b0, b1)
+        bad = set(np.flatnonzero(pad.any(axis=1)).tolist()) if pad.size else set()
+        for local in range(b0, b1):
+            if local - b0 in bad:
+                v = _padding_violation(h, local, pad[local - b0])
+                where = f"{name}: field {v.field}"
+                failures.append(
+                    DatasetFailure(v.code.value, name, local, first + local, where, v.detail)
+                )
+            if sums is None:
+                continue
+            got, want = file_slot_checksum(reader, local), int(sums[first + local])
+            if got != want:
+                failures.append(
+                    DatasetFailure(
+                        DatasetCode.CHECKSUM_MISMATCH.value,
+                        name,
+                        local,
+                        first + local,
+                        name,
+                        f"slot {local} (dataset slot {first + local}): xxh3 {got:016x}, the "
+                        f"checksums file says {want:016x}",
+                    )
+                )
+    return failures
+
+
+def validate_dataset(path: str | os.PathLike[str], deep: bool = False) -> DatasetReport:
+    """Check a dataset directory and report every failure, naming the shard and the slot.
+
+    Always: the manifest's rules (a broken manifest is the only failure reported: nothing else
+    can be checked without it), the checksums file against the manifest's digest, every shard
+    as ``DatasetReader`` opens it (present, the manifest's size, file rules 1-8, the manifest's
+    header fields and digest), and ``extra_shard`` for each ``*.batch`` file in the directory
+    that the manifest does not list. With ``deep``, also every slot of every shard that passed:
+    its padding (``nonzero_padding``) and its XXH3-64 (``checksum_mismatch``), reading every
+    byte once. A path that is not a directory with a manifest raises ``ZeroBatchIOError``.
+    """
+    p = os.fspath(path)
+    if not os.path.isdir(p):
+        raise ZeroBatchIOError(errno.ENOTDIR, "not a dataset directory", p)
+    if not os.path.isfile(os.path.join(p, MANIFEST_NAME)):
+        raise ZeroBatchIOError(
+            errno.ENOENT, f"not a dataset: the directory has no {MANIFEST_NAME}", p
+        )
+    try:
+        reader = DatasetReader(p, verify="off", max_open=4)
+    except DatasetError as e:
+        return DatasetReport(p, deep, None, (_dataset_failure(e, None),))
+    failures: list[DatasetFailure] = []
+    checked = slots = 0
+    with reader:
+        manifest = reader.manifest
+        sums: npt.NDArray[np.uint64] | None = None
+        try:
+            sums = reader.checksums()
+        except DatasetError as e:
+            failures.append(_dataset_failure(e, None))
+        first = manifest.first_batches()
+        for i, shard in enumerate(manifest.shards):
+            try:
+                opened = reader.shard(i)
+            except DatasetError as e:
+                failures.append(_dataset_failure(e, shard.name))
+                if e.code is DatasetCode.SHARD_SIZE_MISMATCH:
+                    failures.extend(_own_rules(reader.shard_path(i), shard.name))
+                continue
+            except FormatError as e:
+                failures.append(_file_failure(e, shard.name))
+                continue
+            checked += 1
+            if deep:
+                failures.extend(_slot_failures(opened, shard.name, int(first[i]), sums))
+                slots += shard.num_batches
+        listed = {s.name for s in manifest.shards}
+        for name in sorted(os.listdir(p)):
+            if name.endswith(".batch") and name not in listed:
+                failures.append(
+                    DatasetFailure(
+                        DatasetCode.EXTRA_SHARD.value,
+                        name,
+                        None,
+                        None,
+                        name,
+                        f"{name} is in the directory but the manifest does not list it",
+                    )
+                )
+    return DatasetReport(p, deep, manifest, tuple(failures), checked, slots)
+
+
+def _own_rules(path: str, name: str) -> list[DatasetFailure]:
+    """A resized shard's own file-rule failure, if it breaks one (for a fuller report)."""
+    try:
+        with BatchFileReader(path):
+            return []
+    except FormatError as e:
+        return [_file_failure(e, name)]

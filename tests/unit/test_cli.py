@@ -526,3 +526,86 @@ def test_exit_codes_and_commands_are_documented(capsys: pytest.CaptureFixture[st
     for name in subcommands():
         assert f"zerobatch {name}" in section, name
     assert "--debug" in section and "--version" in section
+
+
+# --- datasets: --shard-size, dataset create, inspect, validate and trace -----------------------
+
+
+def test_write_and_convert_shard_size_write_a_dataset(
+    tmp_path: Path, run: Callable[..., Run]
+) -> None:
+    np.save(tmp_path / "in.npy", records(50, 6))
+    out = tmp_path / "ds"
+    r = run("write", tmp_path / "in.npy", out, "--batch-size", 4, "--shard-size", 3, "--json")
+    summary = json.loads(r.out)
+    assert r.status == 0 and summary["shards"] == 5 and summary["batches"] == 12
+    assert (out / "manifest.json").is_file() and len(list(out.glob("shard-*.batch"))) == 5
+    r = run("write", tmp_path / "in.npy", out, "--batch-size", 4, "--shard-size", 3)
+    line = one_line_error(r)
+    assert r.status == 2 and "already a dataset" in line and "--overwrite" in line
+    r = run(
+        "convert", tmp_path / "in.npy", out, "--seq-len", 6, "--batch-size", 4, "--shard-size",
+        100, "--overwrite",
+    )  # fmt: skip
+    assert r.status == 0 and "wrote" in r.out and "1 shard," in r.out, r.out
+    assert sorted(p.name for p in out.glob("*.batch")) == ["shard-00000.batch"]
+    with pytest.raises(SystemExit) as exited:  # argparse's own usage error
+        run("write", tmp_path / "in.npy", tmp_path / "f", "--batch-size", 4, "--shard-size", 0)
+    assert exited.value.code == 2
+    (tmp_path / "file").write_bytes(b"x")
+    r = run("write", tmp_path / "in.npy", tmp_path / "file", "--batch-size", 4, "--shard-size", 2)
+    assert r.status == 2 and "not a directory" in one_line_error(r)
+
+
+def test_dataset_create_inspect_and_trace(tmp_path: Path, run: Callable[..., Run]) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        write_batch_file(data / f"p{i}.batch", records(16, 6) + 100 * i, batch_size=4, seed=i)
+    r = run("dataset", "create", data, data / "p2.batch", "p0.batch", "--seed", 9, "--json")
+    assert r.status == 0, r.err
+    assert json.loads(r.out)["shards"] == 2 and json.loads(r.out)["num_batches"] == 8
+    r = run("dataset", "create", data)
+    assert r.status == 2 and "--overwrite" in one_line_error(r)
+    r = run("dataset", "create", data, "--overwrite")
+    assert r.status == 0 and "3 shards, 12 batches of [4, 6], seed 0" in r.out
+    r = run("dataset", "create", data, tmp_path / "elsewhere.batch", "--overwrite")
+    assert r.status == 2 and "not in" in one_line_error(r)
+    r = run("dataset", "create", tmp_path / "missing")
+    assert r.status == 2 and "no such directory" in one_line_error(r)
+    write_batch_file(data / "odd.batch", records(8, 5), batch_size=4)
+    r = run("dataset", "create", data, "--overwrite")
+    assert r.status == 1 and "odd.batch" in one_line_error(r)
+    (data / "odd.batch").unlink()
+
+    r = run("inspect", data)
+    assert r.status == 0 and re.search(r"^shards\s+3$", r.out, flags=re.M), r.out
+    assert re.search(r"^checksum_algorithm\s+xxh3-64$", r.out, flags=re.M)
+    info = json.loads(run("inspect", data, "--json").out)
+    assert (info["num_batches"], info["batch_size"], info["seq_len"], info["seed"]) == (
+        12,
+        4,
+        6,
+        0,
+    )
+    assert [s["name"] for s in info["shard_list"]] == ["p0.batch", "p1.batch", "p2.batch"]
+    assert info["size"] == sum((data / f"p{i}.batch").stat().st_size for i in range(3))
+
+    r = run("trace", data, "--step", 5, "--rank", 1, "--of", 2, "--json")
+    trace = json.loads(r.out)
+    assert r.status == 0 and trace["step"] == 5 and trace["world_size"] == 2
+    (piece,) = trace["pieces"]
+    assert piece["rows"] == [2, 4] and piece["shard"] in {"p0.batch", "p1.batch", "p2.batch"}
+    r = run("trace", data, "--step", 5)
+    assert r.status == 0 and "rows [0, 4):" in r.out and "row 3: shard record" in r.out
+    r = run("trace", data, "--step", 12)
+    assert r.status == 2 and "--step must be in [0, 12)" in one_line_error(r)
+    r = run("trace", data, "--step", 0, "--of", 3)
+    assert r.status == 2 and "--of 3" in one_line_error(r)
+    r = run("trace", data, "--step", 0, "--context-size", 4)
+    assert r.status == 2 and "--context-size" in one_line_error(r)
+
+    (data / "manifest.json").write_text("{}")
+    for argv in (["inspect", data], ["trace", data, "--step", 0]):
+        r = run(*argv)
+        assert r.status == 1 and "manifest_bad_format" in one_line_error(r)

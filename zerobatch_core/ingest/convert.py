@@ -1,4 +1,4 @@
-"""``convert``: any supported source into one LLMBATCH file, with progress and a summary.
+"""``convert``: any supported source into one LLMBATCH file or a sharded dataset, with a summary.
 
 Sources are recognised by their file names: nanoGPT ``.bin`` shards, NumPy ``.npy`` arrays, or
 text (``.parquet``, ``.jsonl``/``.json``, ``.txt``) which is tokenized and packed. Records stream
@@ -14,25 +14,48 @@ sources (same device and inode, ``.bos.idx`` side files included), must not exis
 batch unless ``allow_empty=True``. Sources are read with positioned reads, so a source truncated
 during the conversion raises an ``IngestError`` naming it, and no output or temporary file is
 left behind.
+
+With ``shard_batches=N`` the output is a dataset directory instead (``dataset_build``): the
+record stream is cut into shards of ``N`` batches, each written by the same file writer, and the
+manifest's ``sources`` record which input file gave which range ``[first, last)`` of the
+conversion's input records (the records in the order the source yields them, before shuffling):
+
+- nanoGPT shards and ``.npy`` arrays: exact. Records never span two files, so file ``i``'s range
+  is its own records, counted from its header or shape (in BOS-aligned mode, from its BOS
+  positions): record ``k`` of a contiguously cut shard is its tokens ``[k * T, (k + 1) * T)``.
+- text, ``mode="pad"``: exact, one record per document, documents in file order.
+- text, ``mode="pack"``: records run across documents and files, so a record belongs to the file
+  of its first token (a document's BOS is its first token). File ``i``'s range is the records
+  whose first token lies in its documents; a file whose tokens all lie inside a record begun by
+  an earlier file gets an empty range. Ranges are consecutive and cover every record read.
+
+Source paths are stored absolute, as the conversion named them (symbolic links not resolved).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TextIO
 
+import numpy as np
+import numpy.typing as npt
+from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME, Source
+
 from ..arguments import U32_MAX, int_arg
+from ..dataset_build import check_dataset_output, write_sharded_dataset
 from ..errors import IngestError, WriteError
+from ..tokenization.parallel import tokenize_documents
 from ..writer import CHUNK_BYTES, check_output, write_batch_dataset
-from .arrays import ArraySource
-from .nanogpt import Align, NanoGPTSource, bos_index_path
-from .packing import Mode, PackingStats
+from .arrays import ArrayFile, ArraySource
+from .nanogpt import Align, BinShard, NanoGPTSource, bos_index_path
+from .packing import Mode, PackingStats, make_records
 from .source import CountsTokens, Drop, RecordSource, U32Block, default_chunk_records
-from .text import TextSource
+from .text import TextSource, read_documents
 
 Kind = Literal["nanogpt", "npy", "text"]
 _SUFFIXES: dict[str, Kind] = {
@@ -90,6 +113,8 @@ class ConvertSummary:
     drops: list[Drop] = field(default_factory=list)
     padding_fraction: float | None = None
     packing: dict[str, Any] = field(default_factory=dict)
+    shards: int | None = None
+    """Shards of a dataset output (``shard_batches``); ``None`` for a single file."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -113,8 +138,9 @@ class ConvertSummary:
 
     def lines(self) -> list[str]:
         """Human-readable summary lines; a large drop (``LARGE_DROP_FRACTION``) is called out."""
+        shards = "" if self.shards is None else f"{plural(self.shards, 'shard')}, "
         out = [
-            f"wrote {self.output}: {plural(self.batches, 'batch', 'batches')}, "
+            f"wrote {self.output}: {shards}{plural(self.batches, 'batch', 'batches')}, "
             f"{plural(self.records, 'record')}, {plural(self.tokens, 'token')}, "
             f"{self.output_bytes / 2**20:.1f} MiB",
         ]
@@ -312,6 +338,7 @@ def convert(
     progress: Progress | None = None,
     overwrite: bool = False,
     allow_empty: bool = False,
+    shard_batches: int | None = None,
     **source_options: Any,
 ) -> ConvertSummary:
     """Convert ``sources`` to the LLMBATCH file ``output``; see ``open_source`` for options.
@@ -321,20 +348,23 @@ def convert(
     ``overwrite=True``; and, when the source knows its record count up front (nanoGPT shards,
     ``.npy`` arrays), fewer records than ``batch_size`` unless ``allow_empty=True`` (text
     sources are checked once they have been read, before the output is created).
+
+    With ``shard_batches`` the output is a dataset directory of shards of that many batches
+    (see the module docstring; ``dataset_build.check_dataset_output`` says what is refused).
     """
     t = int_arg("seq_len", seq_len, 1, U32_MAX, IngestError)
     b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
     kind: Kind = source_options.pop("kind", None) or detect_kind([os.fspath(x) for x in sources])
     src = open_source(sources, t, kind=kind, **source_options)
+    if shard_batches is not None:
+        n = int_arg("shard_batches", shard_batches, 1, U32_MAX // b, WriteError)
+        return _convert_sharded(
+            src, kind, output, t, b, n, seed, progress, overwrite, allow_empty, source_options
+        )
     check_output(output, overwrite=overwrite, inputs=source_files(src))
     total = src.num_records
     if total is not None and total < b and not allow_empty:
-        raise WriteError(
-            f"{output}: the output would hold 0 batches: the sources give "
-            f"{plural(total, 'record')} of {t} tokens, fewer than batch_size={b}; pass "
-            f"allow_empty=True (--allow-empty on the command line) to write a file without "
-            f"batches, or use a smaller batch size or sequence length"
-        )
+        raise _empty_error(output, total, t, b)
     counted = _Counted(src.iter_blocks(), progress, total)
     batches = write_batch_dataset(
         output, counted, total, b, t, seed, overwrite=overwrite, allow_empty=allow_empty
@@ -358,6 +388,177 @@ def convert(
         drops=drops,
         padding_fraction=None if stats is None else float(stats.padding_fraction),
         packing={} if stats is None else stats.to_dict(),
+    )
+
+
+def _empty_error(output: str, total: int, t: int, b: int) -> WriteError:
+    """The refusal of an output of 0 batches, when the record count is known up front."""
+    return WriteError(
+        f"{output}: the output would hold 0 batches: the sources give "
+        f"{plural(total, 'record')} of {t} tokens, fewer than batch_size={b}; pass "
+        f"allow_empty=True (--allow-empty on the command line) to write a file without "
+        f"batches, or use a smaller batch size or sequence length"
+    )
+
+
+class _FileRanges:
+    """Which input file gave which range of a conversion's input records (module docstring).
+
+    ``blocks()`` is the source's record stream; ``sources()``, once it is exhausted, the
+    manifest's ``Source`` list, one per input file in reading order.
+    """
+
+    def __init__(self, src: RecordSource, options: dict[str, Any]) -> None:
+        self.src = src
+        self.paths: list[str] = source_files(src)
+        self.counts: list[int] | None = None  # records per file, where known up front
+        self._starts: list[int] = []  # text: stream token offset where each file begins
+        self._doc_files: list[int] = []  # text: document index where each file begins
+        self._stream = 0  # text: tokens (pack) or record slots (pad) streamed so far
+        if isinstance(src, NanoGPTSource):
+            self.paths = src.shards
+            align, bos = src.align, src.bos_token
+            self.counts = [
+                BinShard(p, use_bos_index=src.use_bos_index).count_records(src.seq_len, align, bos)
+                for p in self.paths
+            ]
+        elif isinstance(src, ArraySource):
+            self.counts = [ArrayFile(p).count_records(src.seq_len) for p in self.paths]
+        elif isinstance(src, TextSource):
+            self._options = options
+        else:
+            raise IngestError(f"sharded output does not know the files of {src!r}")
+
+    @property
+    def total(self) -> int | None:
+        """Records the stream yields, when known before reading it."""
+        return None if self.counts is None else sum(self.counts)
+
+    def blocks(self) -> Iterator[U32Block]:
+        """The source's records: ``src.iter_blocks()``, or for text the same pipeline
+        (documents, tokenizer, packer) with each file's start noted on the way."""
+        if not isinstance(self.src, TextSource):
+            return self.src.iter_blocks()
+        src, opts = self.src, self._options
+        mode: Mode = opts.get("mode", "pack")
+        pad_id = opts.get("pad_id")
+        if mode == "pad" and pad_id is None:
+            pad_id = src.tokenizer.eos_id  # TextSource checked that there is one
+        docs = self._documents(opts.get("text_field", "text"), bool(opts.get("per_line", False)))
+        ids = tokenize_documents(docs, src.tokenizer, int(opts.get("workers", 1)))
+        blocks = make_records(
+            self._tokens(ids, mode),
+            src.seq_len,
+            bos_id=src.tokenizer.bos_id,
+            mode=mode,
+            pad_id=pad_id,
+        )
+        src.stats = blocks.stats
+        return blocks
+
+    def _documents(self, text_field: str, per_line: bool) -> Iterator[str]:
+        count = 0
+        for path in self.paths:
+            self._doc_files.append(count)
+            for doc in read_documents(glob.escape(path), field=text_field, per_line=per_line):
+                count += 1
+                yield doc
+
+    def _tokens(
+        self, ids: Iterable[npt.NDArray[np.uint32]], mode: Mode
+    ) -> Iterator[npt.NDArray[np.uint32]]:
+        """The tokenized documents, passed through; each file's start (in stream tokens:
+        BOS and ids in pack mode, ``seq_len`` per document in pad mode) noted as its first
+        document comes by (documents are read ahead of their ids, so every file that starts
+        at or before document ``d`` is known when ``d``'s ids arrive)."""
+        per_record = mode == "pad"
+        t = self.src.seq_len
+        for d, doc in enumerate(ids):
+            self._note_files(d)
+            self._stream += t if per_record else 1 + int(doc.size)
+            yield doc
+
+    def _note_files(self, doc: int | None) -> None:
+        """Note the stream offset as the start of every file whose first document is at or
+        before document ``doc`` (``None``: every file left, at the end of the stream)."""
+        files = self._doc_files
+        while len(self._starts) < len(files) and (doc is None or files[len(self._starts)] <= doc):
+            self._starts.append(self._stream)
+
+    def sources(self, records: int) -> list[Source]:
+        """Each input file and its range of the ``records`` input records the stream gave."""
+        paths = [os.path.abspath(p) for p in self.paths]
+        if self.counts is not None:
+            if sum(self.counts) != records:
+                raise IngestError(
+                    f"the sources gave {plural(records, 'record')}, their headers and shapes "
+                    f"promised {sum(self.counts):,}: a source changed during the conversion"
+                )
+            ends = np.cumsum([0, *self.counts]).tolist()
+        else:
+            self._note_files(None)  # the files with no document after the last one
+            t = self.src.seq_len
+            ends = [min(-(-start // t), records) for start in self._starts] + [records]
+        return [
+            Source(p, (int(a), int(z))) for p, a, z in zip(paths, ends[:-1], ends[1:], strict=True)
+        ]
+
+
+def _convert_sharded(
+    src: RecordSource,
+    kind: Kind,
+    output: str,
+    t: int,
+    b: int,
+    shard_batches: int,
+    seed: int,
+    progress: Progress | None,
+    overwrite: bool,
+    allow_empty: bool,
+    options: dict[str, Any],
+) -> ConvertSummary:
+    """``convert`` into a dataset directory of shards of ``shard_batches`` batches."""
+    inputs = source_files(src)
+    check_dataset_output(output, overwrite=overwrite, inputs=inputs)
+    files = _FileRanges(src, options)
+    total = files.total
+    if total is not None and total < b and not allow_empty:
+        raise _empty_error(output, total, t, b)
+    counted = _Counted(files.blocks(), progress, total)
+    manifest = write_sharded_dataset(
+        output,
+        counted,
+        batch_size=b,
+        seq_len=t,
+        shard_batches=shard_batches,
+        seed=seed,
+        sources=lambda: files.sources(counted.records),
+        overwrite=overwrite,
+        allow_empty=allow_empty,
+        inputs=inputs,
+    )
+    seconds = time.perf_counter() - counted.start
+    kept = manifest.num_batches * b
+    source_tokens, drops = _drops(src, counted.records, kept, b, t)
+    stats = getattr(src, "stats", None)
+    size = sum(s.size for s in manifest.shards)
+    size += sum(os.path.getsize(os.path.join(output, n)) for n in (MANIFEST_NAME, CHECKSUMS_NAME))
+    return ConvertSummary(
+        output=output,
+        kind=kind,
+        records=kept,
+        batches=manifest.num_batches,
+        dropped_records=counted.records - kept,
+        tokens=kept * t,
+        output_bytes=size,
+        seconds=seconds,
+        records_read=counted.records,
+        source_tokens=source_tokens,
+        dropped_tokens=sum(d.tokens for d in drops),
+        drops=drops,
+        padding_fraction=None if stats is None else float(stats.padding_fraction),
+        packing={} if stats is None else stats.to_dict(),
+        shards=len(manifest.shards),
     )
 
 

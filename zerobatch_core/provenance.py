@@ -1,0 +1,310 @@
+"""Provenance: what one training step reads, and which input record each of its rows came from.
+
+A step of ``BatchNativeLoader`` is a global batch of ``global_batch_size`` samples taken in order
+from the epoch's sequence of stored batches; a DP rank reads its own samples of it, a CP rank its
+token columns of them (``slicing.py``). ``trace_step`` answers, for the same order and slicing
+parameters as the loader (and the same defaults), which stored batches the step's samples lie
+in, which rows and columns of each the rank reads, and for every row where it came from:
+
+1. Stored batch ``index`` of the dataset is slot ``local`` of shard ``s`` (``locate``).
+2. Row ``r`` of that slot is record position ``p = local * batch_size + r`` of the shard. The file
+   writer placed there the shard's input record ``permute(p, total_records, seed, 1)``
+   (``zerobatch_spec.record_source`` with the shard's header seed and ``total_records``, both in
+   the manifest).
+3. The shard was written from the dataset's input records ``records = [first, last)`` (manifest),
+   so the row is input record ``first + permute(...)``.
+4. The manifest's ``sources`` say which input file gave which range of input records; the row is
+   record ``record - source.first`` of that file, in the order its reader cuts records (for a
+   nanoGPT shard cut contiguously, tokens ``[k * seq_len, (k + 1) * seq_len)`` of the file).
+
+A single LLMBATCH file has steps 1-2 only (its input records are the writer's input, with no file
+behind them); a dataset described by ``create_dataset`` has no ``records`` or ``sources`` and
+stops at step 2 as well. Nothing here reads a token: the manifest (or the header) is enough.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from zerobatch_spec import record_source
+from zerobatch_spec.dataset import Source
+
+from .arguments import int_arg
+from .dataset import DatasetReader, open_source
+from .loader import DEFAULT_BLOCK_SIZE, BatchNativeLoader
+from .reader import BatchFileReader
+
+
+@dataclass(frozen=True)
+class RowOrigin:
+    """Where one row of a stored batch came from.
+
+    ``shard_record`` is the row's index among the records its shard (or file) was written from;
+    ``record`` its index among the dataset's input records, and ``file`` / ``file_record`` the
+    input file and the record's index in it (``None`` where the manifest does not say).
+    """
+
+    row: int
+    shard_record: int
+    record: int | None
+    file: str | None
+    file_record: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "row": self.row,
+            "shard_record": self.shard_record,
+            "record": self.record,
+            "file": self.file,
+            "file_record": self.file_record,
+        }
+
+
+@dataclass(frozen=True)
+class TracePiece:
+    """The rows ``[rows[0], rows[1])`` of one stored batch that a step gives this rank.
+
+    ``shard`` is the shard's file name (``None`` for a single file), ``slot`` the stored batch
+    within the shard (or file), ``dataset_slot`` its index in the dataset.
+    """
+
+    shard: str | None
+    shard_index: int
+    slot: int
+    dataset_slot: int
+    rows: tuple[int, int]
+    origins: tuple[RowOrigin, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "shard": self.shard,
+            "shard_index": self.shard_index,
+            "slot": self.slot,
+            "dataset_slot": self.dataset_slot,
+            "rows": list(self.rows),
+            "origins": [o.as_dict() for o in self.origins],
+        }
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """What one rank reads at one step, piece by piece, in the order the loader serves it.
+
+    The rank's item is the pieces' rows stacked in order, restricted to ``columns`` (token
+    ranges ``[lo, hi)`` of each record, concatenated in order; with ``next_token`` each range
+    is read one token further, for the labels).
+    """
+
+    path: str
+    epoch: int
+    step: int
+    steps_per_epoch: int
+    global_batch_size: int
+    block_size: int
+    seed: int
+    shuffle: bool
+    rank: int
+    world_size: int
+    context_rank: int
+    context_size: int
+    zigzag: bool
+    next_token: bool
+    columns: tuple[tuple[int, int], ...]
+    pieces: tuple[TracePiece, ...]
+
+    @property
+    def global_step(self) -> int:
+        """``epoch * steps_per_epoch + step``: the numbering ``skip_steps`` uses."""
+        return self.epoch * self.steps_per_epoch + self.step
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form printed by ``zerobatch trace --json``."""
+        return {
+            "path": self.path,
+            "epoch": self.epoch,
+            "step": self.step,
+            "global_step": self.global_step,
+            "steps_per_epoch": self.steps_per_epoch,
+            "global_batch_size": self.global_batch_size,
+            "block_size": self.block_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "context_rank": self.context_rank,
+            "context_size": self.context_size,
+            "zigzag": self.zigzag,
+            "next_token": self.next_token,
+            "columns": [list(c) for c in self.columns],
+            "pieces": [p.as_dict() for p in self.pieces],
+        }
+
+    def lines(self) -> list[str]:
+        """A human-readable account: the step, then each piece and each row's origin."""
+        order = f"block_size {self.block_size}, seed {self.seed}, " + (
+            "shuffled" if self.shuffle else "storage order"
+        )
+        cols = ", ".join(f"[{lo}, {hi})" for lo, hi in self.columns)
+        out = [
+            f"{self.path}: epoch {self.epoch}, step {self.step} of {self.steps_per_epoch} "
+            f"(global step {self.global_step}), global batch {self.global_batch_size}",
+            f"  order: {order}",
+            f"  rank {self.rank} of {self.world_size}, context rank {self.context_rank} of "
+            f"{self.context_size}{' (zig-zag)' if self.zigzag else ''}: token columns {cols}"
+            f"{' (+1 for labels)' if self.next_token else ''}",
+        ]
+        for p in self.pieces:
+            where = f"{p.shard} slot {p.slot}" if p.shard is not None else f"slot {p.slot}"
+            out.append(
+                f"  {where} (dataset slot {p.dataset_slot}), rows [{p.rows[0]}, {p.rows[1]}):"
+            )
+            for o in p.origins:
+                line = f"    row {o.row}: shard record {o.shard_record}"
+                if o.record is not None:
+                    line += f" = input record {o.record}"
+                if o.file is not None:
+                    line += f" = {o.file} record {o.file_record}"
+                out.append(line)
+        return out
+
+
+class _Sources:
+    """The manifest's sources, searchable by input record."""
+
+    def __init__(self, sources: Sequence[Source]) -> None:
+        kept = sorted((s for s in sources if s.records[1] > s.records[0]), key=lambda s: s.records)
+        self._firsts = [s.records[0] for s in kept]
+        self._sources = kept
+
+    def find(self, record: int) -> tuple[str | None, int | None]:
+        """``(file, record index in it)`` of dataset input record ``record``."""
+        i = bisect.bisect_right(self._firsts, record) - 1
+        if i < 0 or record >= self._sources[i].records[1]:
+            return None, None
+        return self._sources[i].path, record - self._sources[i].records[0]
+
+
+def _origins(
+    source: BatchFileReader | DatasetReader, sources: _Sources, index: int, rows: range
+) -> tuple[str | None, int, int, tuple[RowOrigin, ...]]:
+    """``(shard name, shard number, slot in shard, origins of rows)`` of stored batch ``index``."""
+    b = source.batch_size
+    if isinstance(source, BatchFileReader):
+        h = source.header
+        origins = tuple(
+            RowOrigin(r, n, n, None, None)
+            for r in rows
+            for n in [record_source(index * b + r, h.total_records, h.seed)]
+        )
+        return None, 0, index, origins
+    shard_index, local = source.locate(index)
+    shard = source.manifest.shards[shard_index]
+    found = []
+    for r in rows:
+        n = record_source(local * b + r, shard.total_records, shard.seed)
+        record = None if shard.records is None else shard.records[0] + n
+        file, file_record = (None, None) if record is None else sources.find(record)
+        found.append(RowOrigin(r, n, record, file, file_record))
+    return shard.name, shard_index, local, tuple(found)
+
+
+def trace_step(
+    source: str | os.PathLike[str] | BatchFileReader | DatasetReader,
+    step: int,
+    *,
+    epoch: int = 0,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    seed: int | None = None,
+    shuffle: bool = True,
+    global_batch_size: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    context_rank: int = 0,
+    context_size: int = 1,
+    zigzag: bool = False,
+    next_token: bool = False,
+) -> StepTrace:
+    """What ``BatchNativeLoader(source, ...)`` with these parameters serves at ``(epoch, step)``.
+
+    The parameters, and their defaults, are the loader's; ``step`` counts steps within the
+    epoch, as the loader's cursor does (``skip_steps`` skip steps without renumbering the
+    others, so a skipped step's trace is what it would have read). Arguments the loader
+    refuses (a world size that does not divide the global batch, ...) raise the loader's
+    ``ValueError``, and a step outside the epoch an ``IndexError``.
+
+    >>> trace = trace_step("data/", step=3, rank=1, world_size=2)  # doctest: +SKIP
+    >>> [(p.shard, p.slot, p.rows) for p in trace.pieces]  # doctest: +SKIP
+    [('shard-00004.batch', 17, (16, 32))]
+    """
+    reader: BatchFileReader | DatasetReader
+    if isinstance(source, (BatchFileReader, DatasetReader)):
+        reader, opened = source, False
+    else:  # nothing is read but the manifest (or the header): no checksum to verify
+        reader, opened = open_source(source, verify="off"), True
+    try:
+        loader = BatchNativeLoader(
+            reader,
+            block_size=block_size,
+            shuffle=shuffle,
+            seed=seed,
+            epoch=epoch,
+            next_token=next_token,
+            rank=rank,
+            world_size=world_size,
+            context_rank=context_rank,
+            context_size=context_size,
+            zigzag=zigzag,
+            global_batch_size=global_batch_size,
+        )
+        steps = len(loader)
+        step = int_arg("step", step, 0)
+        if step >= steps:
+            raise IndexError(
+                f"{reader.path}: step must be in [0, {steps}), the epoch's steps at global "
+                f"batch size {loader.global_batch_size}; got {step}"
+            )
+        b, g = reader.batch_size, loader.global_batch_size
+        # The rank's samples of the step, in the epoch's sequence of samples (slicing.py).
+        first = step * g + loader.rows.start
+        end = first + loader.per_step
+        p0, p1 = first // b, (end - 1) // b
+        indices = islice(loader.order.indices(loader.epoch, p0), p1 - p0 + 1)
+        sources = _Sources(reader.manifest.sources if isinstance(reader, DatasetReader) else ())
+        pieces = []
+        for p, index in enumerate(indices, start=p0):
+            rows = range(max(first, p * b) - p * b, min(end, (p + 1) * b) - p * b)
+            name, shard_index, slot, origins = _origins(reader, sources, index, rows)
+            pieces.append(
+                TracePiece(name, shard_index, slot, index, (rows.start, rows.stop), origins)
+            )
+        return StepTrace(
+            path=reader.path,
+            epoch=loader.epoch,
+            step=step,
+            steps_per_epoch=steps,
+            global_batch_size=g,
+            block_size=loader.block_size,
+            seed=loader.seed,
+            shuffle=loader.shuffle,
+            rank=loader.slicing.dp_rank,
+            world_size=loader.slicing.dp_size,
+            context_rank=loader.slicing.cp_rank,
+            context_size=loader.slicing.cp_size,
+            zigzag=loader.slicing.zigzag,
+            next_token=loader.next_token,
+            columns=tuple(loader.columns),
+            pieces=tuple(pieces),
+        )
+    finally:
+        if opened:
+            reader.close()
+
+
+__all__ = ["RowOrigin", "StepTrace", "TracePiece", "trace_step"]
