@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from zerobatch_spec import TOKEN_BYTES, ErrorCode, Header, Violation
-from zerobatch_spec.dataset import CHECKSUM_ALGORITHM, MANIFEST_NAME, DatasetCode, Manifest
+from zerobatch_spec.dataset import (
+    CHECKSUM_ALGORITHM,
+    CHECKSUMS_NAME,
+    MANIFEST_NAME,
+    DatasetCode,
+    Manifest,
+)
 
 from .dataset import DatasetError, DatasetReader, file_slot_checksum
 from .errors import FormatError, ZeroBatchIOError
@@ -267,6 +273,10 @@ def validate_dataset(path: str | os.PathLike[str], deep: bool = False) -> Datase
             sums = reader.checksums()
         except DatasetError as e:
             failures.append(_dataset_failure(e, None))
+        except OSError as e:  # not a regular file, unreadable: no checksums to check against
+            detail = f"cannot be read as the checksums file: {e.strerror or e}"
+            code = DatasetCode.CHECKSUMS_MISMATCH.value
+            failures.append(DatasetFailure(code, None, None, None, CHECKSUMS_NAME, detail))
         first = manifest.first_batches()
         for i, shard in enumerate(manifest.shards):
             try:

@@ -105,6 +105,10 @@ def test_a_broken_checksums_file_still_checks_padding(dataset: Path) -> None:
         ("checksums_mismatch", None, None),
         ("nonzero_padding", "shard-00002.batch", 0),
     ]
+    path.unlink()
+    path.mkdir()  # not a file at all: the same failure, not an OSError
+    (failure,) = validate_dataset(dataset).failures
+    assert (failure.code, failure.where) == ("checksums_mismatch", CHECKSUMS_NAME)
 
 
 def test_a_broken_manifest_is_the_one_failure(dataset: Path, tmp_path: Path) -> None:
