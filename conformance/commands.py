@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from .probe import probe
-from .runner import DEFAULT_TIMEOUT_S, command_answerer, report, run_vectors
+from .runner import DEFAULT_TIMEOUT_S, KINDS, command_answerer, report, run_vectors
 
 EXIT_USAGE = 2
 
@@ -27,6 +27,14 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         print(f"zerobatch conformance: {e}", file=sys.stderr)
         return EXIT_USAGE
     kinds = frozenset(args.only.split(",")) if args.only else None
+    unknown = sorted(kinds - set(KINDS)) if kinds else []
+    if unknown:
+        print(
+            f"zerobatch conformance: --only {unknown[0]!r} is not a kind of vector; use "
+            f"{', '.join(KINDS)}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     outcomes = run_vectors(answer, args.vectors, kinds)
     return report(outcomes, as_json=args.json)
 
@@ -42,8 +50,9 @@ def register(commands: Any) -> None:
     p = commands.add_parser(
         "conformance",
         help="run the conformance vectors against an implementation (PROTOCOL.md)",
-        description="Run every conformance vector (valid and broken files, shuffle-order "
-        "queries) against an implementation of LLMBATCH and report each check. The "
+        description="Run every conformance vector (valid and broken files and datasets, "
+        "shuffle-order and key queries) against an implementation of LLMBATCH and report each "
+        "check. The "
         "implementation is a command that answers one vector as JSON, as the protocol in "
         "conformance/PROTOCOL.md describes; by default ZeroBatch's own probe answers.\n\n"
         "exit status: 0 every check passed, 1 a check failed, 2 a bad --impl command.",
@@ -69,7 +78,7 @@ def register(commands: Any) -> None:
         "--only",
         default=None,
         metavar="KINDS",
-        help="comma-separated kinds of vector to run, among file and query (default: all)",
+        help="comma-separated kinds of vector to run, among file, dataset and query (default: all)",
     )
     p.add_argument(
         "--timeout",
@@ -89,10 +98,13 @@ def register(commands: Any) -> None:
         "probe",
         help="answer one conformance vector as JSON (PROTOCOL.md)",
         description="Print ZeroBatch's answer to one conformance vector as JSON, as "
-        "conformance/PROTOCOL.md specifies: for a .batch file whether it is valid (with the "
-        "error code if not) and what it holds; for a .query.json file the order asked for. "
+        "conformance/PROTOCOL.md specifies: for a .batch file or a .dataset directory whether "
+        "it is valid (with the error code if not) and what it holds; for a .query.json file "
+        "the order or value asked for. "
         "This is the command 'zerobatch conformance' runs by default.",
         epilog="example:\n  zerobatch probe conformance/vectors/bad-magic-lowercase.batch",
     )
-    p.add_argument("path", metavar="PATH", help="a .batch vector or a .query.json file")
+    p.add_argument(
+        "path", metavar="PATH", help="a .batch vector, a .dataset directory or a .query.json file"
+    )
     p.set_defaults(func=cmd_probe)

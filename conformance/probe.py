@@ -1,10 +1,15 @@
 """ZeroBatch's own implementation of the conformance protocol (``PROTOCOL.md``).
 
 ``zerobatch probe PATH`` answers one vector: a ``.batch`` file is validated (rules 1-8 and the
-deep padding check) and described; a ``.query.json`` file asks for a shuffle order. Answers go
-through the public core API, so the vectors exercise the reader, writer and loader themselves.
-Every input gets a JSON answer: a path that cannot be read as a regular file is answered with
-the code ``unreadable_path``, and a malformed query with ``invalid_query``.
+deep padding check) and described; a ``.dataset`` directory is validated (``SPEC.md`` section
+13, deep checks included) and described; a ``.query.json`` file asks for a shuffle order, a
+dataset epoch key or a shard seed. Answers go through the public core API (the file reader and
+writer, ``DatasetReader`` for the manifest, the checksums file and each shard's checks against
+the manifest, the loader's orders), so the vectors exercise the core itself; the checks only
+deep validation makes (every slot's padding and checksum, unlisted shards) are made here from
+the core's slot views and ``zerobatch_spec``. Every input gets a JSON answer: a path that
+cannot be read is answered with the code ``unreadable_path``, and a malformed query with
+``invalid_query``.
 """
 
 from __future__ import annotations
@@ -19,9 +24,17 @@ from typing import Any
 
 import numpy as np
 from zerobatch_spec import U32_MAX, U64_MAX, ErrorCode
+from zerobatch_spec.dataset import (
+    CHECKSUMS_NAME,
+    MANIFEST_NAME,
+    DatasetCode,
+    dataset_epoch_key,
+    shard_seed,
+)
 
 from zerobatch_core import BatchFileReader, FormatError, write_batch_file
-from zerobatch_core.order import BlockOrder
+from zerobatch_core.dataset import DatasetError, DatasetReader, file_slot_checksum
+from zerobatch_core.order import BlockOrder, sharded_order
 from zerobatch_core.validation import find_padding_violation
 
 INVALID_QUERY = "invalid_query"
@@ -36,8 +49,19 @@ QUERY_FIELDS: dict[str, dict[str, tuple[int, int]]] = {
         "seed": (0, U64_MAX),
         "epoch": (0, U64_MAX),
     },
+    "dataset_order": {"block_size": (1, U64_MAX), "seed": (0, U64_MAX), "epoch": (0, U64_MAX)},
+    "dataset_epoch_key": {"seed": (0, U64_MAX), "epoch": (0, U64_MAX)},
+    "shard_seed": {"seed": (0, U64_MAX), "shard": (0, U64_MAX)},
 }
-"""Each op's fields and their inclusive ranges, as ``PROTOCOL.md`` states them."""
+"""Each op's integer fields and their inclusive ranges, as ``PROTOCOL.md`` states them."""
+
+QUERY_LISTS: dict[str, dict[str, tuple[int, int]]] = {
+    "dataset_order": {"shard_batches": (0, U64_MAX)},
+}
+"""Each op's list fields: a JSON list of JSON integers, each and their sum in the range."""
+
+QUERY_BOOLEANS: dict[str, tuple[str, ...]] = {"dataset_order": ("shuffle",)}
+"""Each op's boolean fields: JSON ``true`` or ``false``."""
 
 MAX_ANSWER = 1 << 24
 """Longest list this probe answers; a longer one is answered ``unsupported`` (``PROTOCOL.md``
@@ -95,11 +119,21 @@ class QueryError(Exception):
     """A malformed query; the message says which field and why."""
 
 
-def query_fields(query: object) -> tuple[str | None, dict[str, int]]:
-    """The query's op and its fields, each checked to be a JSON integer in its range.
+def _integer(op: str, name: str, value: object, low: int, high: int) -> int:
+    # JSON true/false decode as Python bool, an int subclass: they are not JSON integers.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise QueryError(f"{op}: field {name} must be a JSON integer, got {value!r:.80}")
+    if not low <= value <= high:
+        raise QueryError(f"{op}: field {name} must be in [{low}, {high}], got {value}")
+    return value
 
-    Returns ``(None, {})`` for a well-formed query whose op this probe does not know. Extra
-    keys are ignored, as the protocol requires.
+
+def query_fields(query: object) -> tuple[str | None, dict[str, Any]]:
+    """The query's op and its fields, each checked to be of its JSON type and in its range.
+
+    Integer fields are ``int``, list fields ``list[int]``, boolean fields ``bool``. Returns
+    ``(None, {})`` for a well-formed query whose op this probe does not know. Extra keys are
+    ignored, as the protocol requires.
     """
     if not isinstance(query, dict):
         raise QueryError(f"a query is a JSON object, got {type(query).__name__}")
@@ -109,17 +143,23 @@ def query_fields(query: object) -> tuple[str | None, dict[str, int]]:
     fields = QUERY_FIELDS.get(op)
     if fields is None:
         return None, {}
-    values: dict[str, int] = {}
+    names = [*fields, *QUERY_LISTS.get(op, {}), *QUERY_BOOLEANS.get(op, ())]
+    missing = [name for name in names if name not in query]
+    if missing:
+        raise QueryError(f"{op}: field {missing[0]} is missing")
+    values: dict[str, Any] = {}
     for name, (low, high) in fields.items():
-        if name not in query:
-            raise QueryError(f"{op}: field {name} is missing")
-        value = query[name]
-        # JSON true/false decode as Python bool, an int subclass: they are not JSON integers.
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise QueryError(f"{op}: field {name} must be a JSON integer, got {value!r:.80}")
-        if not low <= value <= high:
-            raise QueryError(f"{op}: field {name} must be in [{low}, {high}], got {value}")
-        values[name] = value
+        values[name] = _integer(op, name, query[name], low, high)
+    for name, (low, high) in QUERY_LISTS.get(op, {}).items():
+        items = query[name]
+        if not isinstance(items, list):
+            raise QueryError(f"{op}: field {name} must be a JSON list, got {items!r:.80}")
+        values[name] = [_integer(op, f"{name}[{i}]", v, low, high) for i, v in enumerate(items)]
+        _integer(op, f"the sum of {name}", sum(values[name]), low, high)
+    for name in QUERY_BOOLEANS.get(op, ()):
+        if not isinstance(query[name], bool):
+            raise QueryError(f"{op}: field {name} must be true or false, got {query[name]!r:.80}")
+        values[name] = query[name]
     return op, values
 
 
@@ -138,11 +178,22 @@ def answer_query(query: object) -> dict[str, Any]:
             return {"unsupported": True, "detail": f"answers longer than {MAX_ANSWER}"}
         order = BlockOrder(q["num_batches"], q["block_size"], q["seed"])
         return {"result": order.epoch_order(q["epoch"]).tolist()}
+    if op == "dataset_order":
+        if sum(q["shard_batches"]) > MAX_ANSWER:
+            return {"unsupported": True, "detail": f"answers longer than {MAX_ANSWER}"}
+        dataset = sharded_order(q["shard_batches"], q["block_size"], q["seed"], q["shuffle"])
+        return {"result": dataset.epoch_order(q["epoch"]).tolist()}
+    if op == "dataset_epoch_key":
+        return {"result": dataset_epoch_key(q["seed"], q["epoch"])}
+    if op == "shard_seed":
+        return {"result": shard_seed(q["seed"], q["shard"])}
     return {"unsupported": True}
 
 
 def probe(path: str) -> dict[str, Any]:
     """Answer the vector at ``path`` per ``PROTOCOL.md``."""
+    if path.rstrip(os.sep).endswith(DATASET_SUFFIX):
+        return describe_dataset(path)
     if not path.endswith(".query.json"):
         return describe_batch_file(path)
     try:
@@ -154,6 +205,94 @@ def probe(path: str) -> dict[str, Any]:
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         return {"error": INVALID_QUERY, "detail": f"not a UTF-8 JSON document: {e}"}
     return answer_query(query)
+
+
+DATASET_SUFFIX = ".dataset"
+"""Name ending of a dataset directory vector (``PROTOCOL.md``)."""
+
+BATCH_SUFFIX = b".batch"
+"""Name ending of the directory entries deep validation counts as shards (``extra_shard``)."""
+
+
+def dataset_failure(code: str, where: str, slot: int | None = None) -> dict[str, Any]:
+    """Protocol answer for a dataset that breaks a rule."""
+    answer: dict[str, Any] = {"valid": False, "error": code, "where": where}
+    if slot is not None:
+        answer["slot"] = slot
+    return answer
+
+
+def describe_dataset(path: str) -> dict[str, Any]:
+    """Protocol answer for a ``.dataset`` vector: its first failure in ``SPEC.md`` section 13's
+    order (deep checks included), or its shape, per-slot SHA-256 and manifest digest."""
+    manifest_path = os.path.join(path, MANIFEST_NAME)
+    try:
+        if not stat.S_ISDIR(os.stat(path).st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a dataset directory", path)
+        read_regular_file(manifest_path)  # refuses a FIFO without blocking, unlike open()
+        reader = DatasetReader(path, verify="off")
+    except DatasetError as e:
+        return dataset_failure(e.code.value, e.where)
+    except OSError as e:  # no directory, no manifest, or one that cannot be read
+        return unreadable(os.fsdecode(e.filename) if e.filename else path, e)
+    with reader:
+        failure = first_dataset_failure(reader)
+        if failure is not None:
+            return failure
+        manifest = reader.manifest
+        return {
+            "valid": True,
+            "batch_size": manifest.batch_size,
+            "seq_len": manifest.seq_len,
+            "seed": manifest.seed,
+            "num_batches": reader.num_batches,
+            "shard_batches": manifest.shard_batches,
+            "manifest_sha256": reader.manifest_sha256,
+            "batch_sha256": [
+                hashlib.sha256(reader.read_batch(i).tobytes()).hexdigest()
+                for i in range(reader.num_batches)
+            ],
+        }
+
+
+def first_dataset_failure(reader: DatasetReader) -> dict[str, Any] | None:
+    """The first rule an opened dataset breaks after its manifest, in section 13's order.
+
+    The checksums file against the manifest; then shard by shard, its checks against the
+    manifest as ``DatasetReader`` opens it, then each of its slots' padding and checksum;
+    then the directory's ``*.batch`` entries the manifest does not list, in byte order.
+    """
+    sums_path = os.path.join(reader.path, CHECKSUMS_NAME)
+    try:
+        if not stat.S_ISREG(os.stat(sums_path).st_mode):  # reader.checksums() would open it
+            return dataset_failure(DatasetCode.CHECKSUMS_MISMATCH.value, CHECKSUMS_NAME)
+        sums = reader.checksums()
+    except DatasetError as e:
+        return dataset_failure(e.code.value, e.where)
+    except OSError:  # missing, or cannot be read
+        return dataset_failure(DatasetCode.CHECKSUMS_MISMATCH.value, CHECKSUMS_NAME)
+    first = reader.manifest.first_batches()
+    for i, entry in enumerate(reader.shards):
+        try:
+            shard = reader.shard(i)
+            shard.check_size()  # a shard shrunk since it was opened: reported, never touched
+        except DatasetError as e:
+            return dataset_failure(e.code.value, e.where)
+        except FormatError as e:  # the shard breaks a file rule (section 4)
+            return dataset_failure(e.code.value, entry.name)
+        except OSError:  # present but cannot be opened or read
+            return dataset_failure(DatasetCode.SHARD_MISSING.value, entry.name)
+        for local in range(entry.num_batches):
+            if shard.slot_padding(local, local + 1).any():
+                return dataset_failure(ErrorCode.NONZERO_PADDING.value, entry.name, local)
+            if file_slot_checksum(shard, local) != int(sums[int(first[i]) + local]):
+                return dataset_failure(DatasetCode.CHECKSUM_MISMATCH.value, entry.name, local)
+    listed = {s.name for s in reader.shards}
+    for raw in sorted(os.listdir(os.fsencode(reader.path))):
+        name = os.fsdecode(raw)
+        if raw.endswith(BATCH_SUFFIX) and name not in listed:
+            return dataset_failure(DatasetCode.EXTRA_SHARD.value, name)
+    return None
 
 
 def read_regular_file(path: str) -> bytes:

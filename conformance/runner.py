@@ -3,7 +3,8 @@
 The implementation is a command line with a ``{path}`` placeholder. For each vector the runner
 substitutes the vector's input path, runs the command (no shell), parses the one JSON object it
 prints, and compares it with the vector's expected answer. Valid-file vectors also pin block
-orders: for each, the runner writes a ``.query.json`` and asks the implementation for it.
+orders and valid-dataset vectors dataset orders: for each, the runner writes a ``.query.json``
+and asks the implementation for it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,29 @@ from typing import Any
 from .generate import default_directory
 
 DEFAULT_TIMEOUT_S = 120.0
+
+KINDS = ("file", "dataset", "query")
+"""Kinds of vector, by input name: ``*.batch`` files, ``*.dataset`` directories, queries."""
+
+DATASET_KEYS = (
+    "batch_size",
+    "seq_len",
+    "seed",
+    "num_batches",
+    "shard_batches",
+    "manifest_sha256",
+    "batch_sha256",
+)
+"""What a valid dataset's answer must state exactly (``PROTOCOL.md``)."""
+
+
+def vector_kind(input_name: str) -> str:
+    """``file``, ``dataset`` or ``query``, from a vector's input name."""
+    if input_name.endswith(".query.json"):
+        return "query"
+    if input_name.endswith(".dataset"):
+        return "dataset"
+    return "file"
 
 
 @dataclass(frozen=True)
@@ -75,30 +99,66 @@ def _compare(expected: dict[str, Any], got: dict[str, Any]) -> str:
         return ""
     if expected["valid"] is False:
         if got.get("valid") is not False:
-            return f"expected error {expected['error']}, implementation accepted the file"
+            return f"expected error {expected['error']}, implementation accepted the input"
         if got.get("error") != expected["error"]:
             return f"expected error {expected['error']}, got {got.get('error')}"
+        for key in ("where", "slot"):  # a dataset's failure names its field or shard, and slot
+            if key in expected and got.get(key) != expected[key]:
+                return (
+                    f"error {expected['error']}: expected {key} {expected[key]!r}, "
+                    f"got {got.get(key)!r:.200}"
+                )
         return ""
     if got.get("valid") is not True:
-        return f"expected a valid file, got error {got.get('error')}"
-    for key in ("header", "padded_batch_bytes", "batch_sha256"):
+        return f"expected a valid input, got error {got.get('error')}"
+    file_keys = ("header", "padded_batch_bytes", "batch_sha256")
+    for key in DATASET_KEYS if "shard_batches" in expected else file_keys:
         if got.get(key) != expected[key]:
             return f"{key} differs: expected {expected[key]!r:.200}, got {got.get(key)!r:.200}"
     return ""
 
 
+def derived_queries(
+    vid: str, expected: dict[str, Any]
+) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """The orders a valid file or dataset vector pins, as ``(check id, query, expected)``."""
+    out: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    if "shard_batches" in expected:
+        for case in expected["dataset_orders"]:
+            suffix = "" if case["shuffle"] else "-unshuffled"
+            qid = f"{vid}/order-b{case['block_size']}-s{case['seed']}-e{case['epoch']}{suffix}"
+            query = {
+                "op": "dataset_order",
+                "shard_batches": expected["shard_batches"],
+                **{k: case[k] for k in ("block_size", "seed", "epoch", "shuffle")},
+            }
+            out.append((qid, query, {"result": case["order"]}))
+        return out
+    for case in expected["block_orders"]:
+        qid = f"{vid}/order-b{case['block_size']}-e{case['epoch']}"
+        query = {
+            "op": "block_order",
+            "num_batches": expected["header"]["num_batches"],
+            "block_size": case["block_size"],
+            "seed": case["seed"],
+            "epoch": case["epoch"],
+        }
+        out.append((qid, query, {"result": case["order"]}))
+    return out
+
+
 def run_vectors(
     answer: Answer, directory: str | None = None, kinds: frozenset[str] | None = None
 ) -> list[Outcome]:
-    """Check every vector in ``directory`` (default: the shipped vectors)."""
+    """Check every vector in ``directory`` (default: the shipped vectors), or those of
+    ``kinds`` (among ``KINDS``); the orders a valid vector pins count as queries."""
     directory = directory or default_directory()
     with open(os.path.join(directory, "index.json"), encoding="utf-8") as f:
         index = json.load(f)["vectors"]
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory() as tmp:
         for entry in index:
-            kind = "query" if entry["input"].endswith(".query.json") else "file"
-            if kinds is not None and kind not in kinds:
+            if kinds is not None and vector_kind(entry["input"]) not in kinds:
                 continue
             with open(
                 os.path.join(directory, entry["id"] + ".expected.json"), encoding="utf-8"
@@ -106,22 +166,11 @@ def run_vectors(
                 expected = json.load(f)["expected"]
             checks = [(entry["id"], os.path.join(directory, entry["input"]), expected)]
             if expected.get("valid") and (kinds is None or "query" in kinds):
-                num_batches = expected["header"]["num_batches"]
-                for case in expected["block_orders"]:
-                    qid = f"{entry['id']}/order-b{case['block_size']}-e{case['epoch']}"
+                for qid, query, want in derived_queries(entry["id"], expected):
                     qpath = os.path.join(tmp, qid.replace("/", "--") + ".query.json")
                     with open(qpath, "w", encoding="utf-8") as q:
-                        json.dump(
-                            {
-                                "op": "block_order",
-                                "num_batches": num_batches,
-                                "block_size": case["block_size"],
-                                "seed": case["seed"],
-                                "epoch": case["epoch"],
-                            },
-                            q,
-                        )
-                    checks.append((qid, qpath, {"result": case["order"]}))
+                        json.dump(query, q)
+                    checks.append((qid, qpath, want))
             for vid, path, exp in checks:
                 try:
                     reason = _compare(exp, answer(path))

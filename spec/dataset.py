@@ -45,6 +45,10 @@ DATASET_KEY_TAG: Final = 0x5A42_4441_5441_5345  # "ZBDATASE"
 
 _SHARD_NAME = re.compile(r"\A[A-Za-z0-9._-]{1,255}\Z")
 
+SHARD_NAME_FORMAT: Final = "shard-{:05d}.batch"
+"""Name the sharded writer gives shard ``i`` (``SPEC.md`` section 12): ``shard-00000.batch``,
+``shard-00001.batch``, ... (shard 100000 on has more digits)."""
+
 
 class DatasetCode(str, Enum):
     """Stable error codes of manifests and datasets (``SPEC.md`` section 13)."""
@@ -235,10 +239,51 @@ def _source(obj: object, i: int) -> Source:
     return Source(obj["path"], _range(obj.get("records"), f"{where}.records"))
 
 
+class _LongInteger(int):
+    """Stand-in for a JSON integer too long for CPython to convert (over 4300 digits).
+
+    Its value, ``+-2**64``, lies outside every manifest field's range exactly as the true value
+    does, so the field is reported out of range (or, under an unknown key, ignored) instead of
+    the conversion raising.
+    """
+
+    digits: int
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits} digits"
+
+
+def _json_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        stand_in = _LongInteger(-(2**64) if text.startswith("-") else 2**64)
+        stand_in.digits = len(text.lstrip("-"))
+        return stand_in
+
+
+def _json_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"key {key!r:.60} appears twice in one object")
+        obj[key] = value
+    return obj
+
+
 def _parse(data: bytes) -> Manifest:
     try:
-        obj = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        obj = json.loads(
+            data.decode("utf-8"),
+            parse_int=_json_int,
+            parse_constant=_json_constant,
+            object_pairs_hook=_json_object,
+        )
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError included
         raise _ManifestError(
             DatasetCode.MANIFEST_NOT_JSON, "manifest", f"not UTF-8 JSON: {e}"
         ) from e
@@ -250,12 +295,12 @@ def _parse(data: bytes) -> Manifest:
             "format",
             f"expected {MANIFEST_FORMAT!r}, found {obj.get('format')!r:.60}",
         )
-    if obj.get("version") != MANIFEST_VERSION:
+    version = obj.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version != MANIFEST_VERSION:
         raise _ManifestError(
             DatasetCode.MANIFEST_UNSUPPORTED_VERSION,
             "version",
-            f"this reader knows manifest version {MANIFEST_VERSION}, found "
-            f"{obj.get('version')!r:.60}",
+            f"this reader knows manifest version {MANIFEST_VERSION}, found {version!r:.60}",
         )
     batch_size = _int(obj, "batch_size", "", 1, U32_MAX)
     seq_len = _int(obj, "seq_len", "", 1, U32_MAX)
@@ -294,7 +339,10 @@ def parse_manifest(data: bytes) -> Manifest | DatasetViolation:
     """The manifest in ``data``, or the first rule it breaks (``SPEC.md`` section 13).
 
     Unknown keys are allowed (and kept in ``Manifest.extra``); hostile input (deep nesting,
-    huge numbers, odd names) gives a violation, never an exception.
+    huge numbers, odd names) gives a violation, never an exception. The document must be strict
+    JSON: ``NaN`` and ``Infinity`` (which Python's parser accepts) and a key given twice in one
+    object are ``manifest_not_json``; ``version`` must be the JSON integer 1 (not ``true`` or
+    ``1.0``, which compare equal to 1 in Python).
     """
     try:
         return _parse(data)
@@ -372,6 +420,9 @@ def dataset_blocks(
     if block_size < 1:
         raise ValueError(f"block_size must be at least 1, got {block_size}")
     counts = np.asarray(shard_batches, dtype=np.int64)
+    # A block never outgrows its shard, so a block_size beyond the largest shard acts like it;
+    # clamped, it stays an int64 (the loader accepts block sizes up to 2**64 - 1).
+    block_size = min(block_size, max(1, int(counts.max(initial=0))))
     per_shard = -(-counts // block_size)
     starts = np.concatenate([[0], np.cumsum(counts)])[:-1]
     shard_of = np.repeat(np.arange(counts.size), per_shard)
