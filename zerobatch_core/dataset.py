@@ -103,6 +103,8 @@ class DatasetReader:
         self.manifest_sha256 = hashlib.sha256(data).hexdigest()
         self.verify: Verify = verify
         self.max_open = max_open
+        # Slot numbers fit in int64: each shard has at most total_records <= 2**32 - 1 slots,
+        # so 2**63 slots would take a manifest of 2**31 shards (hundreds of gigabytes).
         self._first = self.manifest.first_batches()
         self._open: OrderedDict[int, BatchFileReader] = OrderedDict()
         self._checksums: npt.NDArray[np.uint64] | None = None
@@ -186,6 +188,8 @@ class DatasetReader:
         except FileNotFoundError:
             missing = "listed in the manifest, not found"
             raise self._fail(shard, DatasetCode.SHARD_MISSING, missing) from None
+        except OSError as e:
+            raise self._fail(shard, DatasetCode.SHARD_MISSING, f"cannot be read: {e}") from None
         if not stat.S_ISREG(st.st_mode):
             raise self._fail(shard, DatasetCode.SHARD_MISSING, "not a regular file")
         if st.st_size != entry.size:
@@ -194,7 +198,10 @@ class DatasetReader:
                 DatasetCode.SHARD_SIZE_MISMATCH,
                 f"file is {st.st_size} bytes, the manifest says {entry.size}",
             )
-        reader = BatchFileReader(path)
+        try:
+            reader = BatchFileReader(path)
+        except OSError as e:  # a shard that exists but cannot be opened (permissions, ...)
+            raise self._fail(shard, DatasetCode.SHARD_MISSING, f"cannot be read: {e}") from None
         h = reader.header
         found = (h.batch_size, h.seq_len, h.num_batches, h.seed, h.total_records)
         want = (self.batch_size, self.seq_len, entry.num_batches, entry.seed, entry.total_records)
@@ -234,10 +241,11 @@ class DatasetReader:
             try:
                 with open(path, "rb") as f:
                     data = f.read()
-            except FileNotFoundError:
+            except OSError as e:  # missing, a directory, unreadable
+                detail = "not found" if isinstance(e, FileNotFoundError) else f"unreadable: {e}"
                 raise DatasetError(
                     path,
-                    DatasetViolation(DatasetCode.CHECKSUMS_MISMATCH, CHECKSUMS_NAME, "not found"),
+                    DatasetViolation(DatasetCode.CHECKSUMS_MISMATCH, CHECKSUMS_NAME, detail),
                 ) from None
             expected = self.num_batches * CHECKSUM_BYTES
             digest = bytes_xxh3(data)

@@ -27,6 +27,7 @@ from zerobatch_spec import U32_MAX, build_header
 from zerobatch_spec.dataset import (
     CHECKSUMS_NAME,
     MANIFEST_NAME,
+    SHARD_NAME_FORMAT,
     Manifest,
     Shard,
     Source,
@@ -42,8 +43,8 @@ from .errors import WriteError
 from .reader import BatchFileReader
 from .writer import write_batch_dataset, write_bytes_atomic
 
-SHARD_PATTERN = "shard-{:05d}.batch"
-"""File names of the shards ``write_sharded_dataset`` writes."""
+SHARD_PATTERN = SHARD_NAME_FORMAT
+"""File names of the shards ``write_sharded_dataset`` writes (``SPEC.md`` section 12)."""
 
 SHARD_NAME = re.compile(r"\Ashard-[0-9]{5,}\.batch\Z")
 """Matches every name ``SHARD_PATTERN`` gives (shard 100000 on has more digits)."""

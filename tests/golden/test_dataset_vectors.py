@@ -212,10 +212,7 @@ def read_everything(path: Path) -> None:
             reader.read_batch(i)
 
 
-KNOWN_GAPS = {
-    "dataset-checksums-not-a-file": "DatasetReader.checksums() lets the IsADirectoryError of a "
-    "checksums.xxh3 that is a directory through, where SPEC.md section 13 says checksums_mismatch",
-}
+KNOWN_GAPS: dict[str, str] = {}
 """Vectors the core's reader does not yet answer with the spec's code (strict: fixing one
 fails the test until its entry is removed)."""
 
