@@ -22,7 +22,8 @@ from the first undelivered item.
 
 Subclasses override hooks, never the surface: ``_converter`` (one function per item field),
 ``_pair`` (the next-token pair type), ``_stage`` (whether and where to prepare items ahead),
-``_transfer`` (a step run in that stage, e.g. a host-to-device copy), ``_produce`` (an
+``_transfer`` (a step run in that stage, e.g. a host-to-device copy), ``_host_dtypes`` (what
+the core loader serves, when the adapter widens elsewhere), ``_produce`` (an
 external producer of converted items), ``_detected_rank_world``, ``_detected_context`` and
 ``_worker`` (what the framework knows about data- and context-parallel ranks and worker
 processes), and ``_slicing`` (how the adapter's coordinates map to the core loader's slice).
@@ -50,6 +51,7 @@ from .loader import (
     OUTPUT_DTYPES,
     BatchNativeLoader,
     Item,
+    LabelDType,
     OutputDType,
     Position,
 )
@@ -172,13 +174,15 @@ class BatchStream(Generic[T]):
         self._owns_reader = reader is not source
         try:
             layout = Layout(rank, world_size, context_rank, context_size, bool(zigzag))
+            host_dtype, label_dtype = self._host_dtypes(dtype)
             self.loader = BatchNativeLoader(
                 reader,
                 block_size=block_size,
                 shuffle=shuffle,
                 seed=seed,
                 epoch=epoch,
-                dtype=dtype,
+                dtype=host_dtype,
+                label_dtype=label_dtype,
                 next_token=next_token,
                 bos_id=bos_id,
                 global_batch_size=global_batch_size,
@@ -246,6 +250,11 @@ class BatchStream(Generic[T]):
             environment=False,
         )
         return Slicing(r, w, c, size, 1, layout.zigzag)
+
+    def _host_dtypes(self, dtype: OutputDType) -> tuple[OutputDType, LabelDType]:
+        """What the core loader serves for an adapter of ``dtype``: that dtype and int64
+        labels, unless the adapter widens them itself (on a device: see the PyTorch adapter)."""
+        return dtype, "int64"
 
     def _worker(self) -> tuple[int, int] | None:
         """``(worker, num_workers)`` when iterated inside a worker process of the framework."""
@@ -356,6 +365,7 @@ class BatchStream(Generic[T]):
     def close(self) -> None:
         """Stop any read-ahead and release the file; ``state_dict`` keeps working."""
         self._end_pass()
+        self.loader.seek(self.loader.position)  # a pass the loader serves itself ends too
         if self._owns_reader and not self.loader.source.closed:
             self.loader.identity()  # the state names its source even after the file is gone
             self.loader.source.close()

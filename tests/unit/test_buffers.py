@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from zerobatch_core import BatchFileReader, BatchNativeLoader
 from zerobatch_core.buffers import BufferPool, convert_into
+from zerobatch_core.loader import CHUNK_DEPTH, CHUNK_SPARE
 
 
 def test_a_dropped_array_is_handed_out_again() -> None:
@@ -84,6 +86,29 @@ def test_int64_batches_kept_by_the_caller_stay_intact(
 def test_int64_loader_reuses_buffers_when_batches_are_dropped(
     make_file: Callable[..., Path],
 ) -> None:
-    loader = BatchNativeLoader(make_file(n=64, seq_len=8, batch_size=4), dtype="int64")
-    addresses = {batch.ctypes.data for batch in loader}
+    path = make_file(n=64, seq_len=8, batch_size=4)
+    chunked = BatchNativeLoader(path, dtype="int64", block_size=4)  # one chunk per block
+    bases = {batch.base.ctypes.data for batch in chunked}
+    assert len(bases) <= CHUNK_DEPTH + CHUNK_SPARE < 16
+    per_step = BatchNativeLoader(path, dtype="int64", global_batch_size=8)  # loop-thread path
+    addresses = {batch.ctypes.data for batch in per_step}
     assert len(addresses) <= 2  # the loop variable holds one while the next is made
+
+
+def test_take_is_safe_from_several_threads() -> None:
+    pool = BufferPool((2, 2), np.int64, capacity=4)
+    held: list[list[np.ndarray]] = [[] for _ in range(4)]
+
+    def grab(mine: list[np.ndarray]) -> None:
+        for _ in range(200):
+            mine.append(pool.take())
+            if len(mine) > 2:
+                mine.pop(0)
+
+    threads = [threading.Thread(target=grab, args=(h,)) for h in held]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    addresses = [a.ctypes.data for h in held for a in h]
+    assert len(addresses) == len(set(addresses))  # no array handed to two holders at once
