@@ -13,8 +13,9 @@ it, so nothing can drift from what readers and writers do.
 
 from __future__ import annotations
 
+import struct as _struct
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 from construct import Bytes, Default, Int32ul, Int64ul, Struct
@@ -92,6 +93,21 @@ HEADER_FIELDS: Final = tuple(name for name in FIELD_OFFSETS if name not in ("mag
 """The integer header fields in on-disk order: the attributes of ``Header`` and its dict form."""
 
 
+def _unpacker(struct: Struct) -> _struct.Struct:
+    """A ``struct`` format for the integer fields of ``struct`` (magic and reserved skipped as
+    pad bytes), derived from the declaration: what ``parse_header`` runs, since readers of a
+    dataset with thousands of shards parse a header every time they enter one."""
+    codes = {4: "I", 8: "Q"}
+    parts = []
+    for sub in struct.subcons:
+        size = sub.sizeof()
+        parts.append(f"{size}x" if sub.name in ("magic", "reserved") else codes[size])
+    return _struct.Struct("<" + "".join(parts))
+
+
+_UNPACK: Final = _unpacker(HEADER_STRUCT)
+
+
 def raw_batch_bytes(batch_size: int, seq_len: int) -> int:
     """Bytes of token data in one batch: ``batch_size * seq_len * 4``."""
     return batch_size * seq_len * TOKEN_BYTES
@@ -160,9 +176,12 @@ class Header:
 
 
 def parse_header(data: bytes) -> Header:
-    """Decode the first 4096 bytes of ``data``; does not validate (see ``rules.find_violation``)."""
-    obj: Any = HEADER_STRUCT.parse(data[:HEADER_SIZE])
-    return Header(**{name: obj[name] for name in HEADER_FIELDS})
+    """Decode the first 4096 bytes of ``data``; does not validate (see ``rules.find_violation``).
+
+    Equal to ``HEADER_STRUCT.parse`` on every input (a test checks it), several times faster.
+    """
+    values = _UNPACK.unpack_from(data[:HEADER_SIZE])
+    return Header(**dict(zip(HEADER_FIELDS, values, strict=True)))
 
 
 def build_header(header: Header, *, magic: bytes = MAGIC, reserved: bytes | None = None) -> bytes:

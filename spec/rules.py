@@ -73,6 +73,15 @@ def find_violation(prefix: bytes, file_size: int) -> Violation | None:
     its full length in bytes. Sizes are compared with Python integers, so a ``num_batches`` whose
     product with the slot size exceeds 64 bits is reported as ``size_mismatch``, never wrapped.
     """
+    checked = check_header(prefix, file_size)
+    return checked if isinstance(checked, Violation) else None
+
+
+def check_header(prefix: bytes, file_size: int) -> Header | Violation:
+    """Validate with rules 1-8 and return the parsed header, or the first violation.
+
+    The header is parsed once: rules 3 to 8 read its fields.
+    """
     if len(prefix) < HEADER_SIZE or file_size < HEADER_SIZE:
         have = min(len(prefix), file_size)
         return Violation(
@@ -100,7 +109,7 @@ def find_violation(prefix: bytes, file_size: int) -> Violation | None:
         which = "batch_size" if header.batch_size == 0 else "seq_len"
         return Violation(ErrorCode.INVALID_SHAPE, which, f"{which} must be at least 1, found 0")
     reserved = bytes(prefix[RESERVED_OFFSET:HEADER_SIZE])
-    if any(reserved):
+    if reserved.count(0) != len(reserved):
         first = next(i for i, b in enumerate(reserved) if b)
         return Violation(
             ErrorCode.NONZERO_RESERVED,
@@ -123,10 +132,4 @@ def find_violation(prefix: bytes, file_size: int) -> Violation | None:
             f"total_records={header.total_records} is less than num_batches * batch_size "
             f"= {needed}",
         )
-    return None
-
-
-def check_header(prefix: bytes, file_size: int) -> Header | Violation:
-    """Validate with rules 1-8 and return the parsed header, or the first violation."""
-    violation = find_violation(prefix, file_size)
-    return violation if violation is not None else parse_header(prefix)
+    return header

@@ -14,6 +14,7 @@ never served.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 import stat
@@ -24,7 +25,6 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import xxhash
-from zerobatch_spec import build_header
 from zerobatch_spec.dataset import (
     CHECKSUM_BYTES,
     CHECKSUMS_NAME,
@@ -45,7 +45,8 @@ from .reader import BatchFileReader
 Verify = Literal["off", "first", "always"]
 VERIFY_MODES: tuple[Verify, ...] = ("off", "first", "always")
 DEFAULT_MAX_OPEN = 32
-"""Shards kept open at once (each holds two descriptors, its own and its mapping's)."""
+"""Shards kept open at once (each holds two descriptors, its own and its mapping's; a shard
+closed while its read-ahead hint runs keeps them until the hint ends)."""
 
 U32Array = npt.NDArray[np.uint32]
 
@@ -106,6 +107,7 @@ class DatasetReader:
         # Slot numbers fit in int64: each shard has at most total_records <= 2**32 - 1 slots,
         # so 2**63 slots would take a manifest of 2**31 shards (hundreds of gigabytes).
         self._first = self.manifest.first_batches()
+        self._first_list: list[int] = self._first.tolist()  # bisect on ints: no array per call
         self._open: OrderedDict[int, BatchFileReader] = OrderedDict()
         self._checksums: npt.NDArray[np.uint64] | None = None
         self._verified = np.zeros(self.num_batches if verify == "first" else 0, dtype=np.bool_)
@@ -154,8 +156,8 @@ class DatasetReader:
         """``(shard number, slot within the shard)`` of dataset slot ``index``."""
         if not 0 <= index < self.num_batches:
             raise IndexError(f"{self.path}: slot {index} out of range for {self.num_batches}")
-        shard = int(np.searchsorted(self._first, index, side="right")) - 1
-        return shard, index - int(self._first[shard])
+        shard = bisect.bisect_right(self._first_list, index) - 1
+        return shard, index - self._first_list[shard]
 
     # -- shards ------------------------------------------------------------------------------
     def shard_path(self, shard: int) -> str:
@@ -205,7 +207,7 @@ class DatasetReader:
         h = reader.header
         found = (h.batch_size, h.seq_len, h.num_batches, h.seed, h.total_records)
         want = (self.batch_size, self.seq_len, entry.num_batches, entry.seed, entry.total_records)
-        digest = header_xxh3(build_header(h))  # a valid header is exactly its fields' bytes
+        digest = header_xxh3(reader.header_bytes)
         if found != want or digest != entry.header_xxh3:
             reader.close()
             raise self._fail(

@@ -131,8 +131,10 @@ def discard(fd: int, offset: int, length: int) -> None:
 # -- read-ahead for readers ------------------------------------------------------------------
 
 HINT_BYTES = 16 << 20  # one call per default block: each call costs the loop a GIL hand-back
+MIN_HINT_BYTES = 1 << 20
+"""Smaller requests are dropped: handing one to the worker costs the loop more (a GIL hand-back,
+hundreds of microseconds on a busy machine) than the kernel's own read-ahead leaves to gain."""
 MADV_POPULATE_READ = 22  # linux/mman.h
-_STOP = None
 
 
 _MADVISE = (
@@ -151,24 +153,26 @@ def _ram_bytes() -> int:
 
 
 class Readahead:
-    """Reads byte ranges of one mapped file ahead, in request order, on a thread of its own.
+    """Reads byte ranges of one mapped file ahead, in request order, on a shared thread.
 
-    ``mapping`` is the whole file's mapping as bytes; the thread holds it, so the mapping
-    outlives any call in flight. Purely advisory: errors end the hint, never the caller. The
-    thread starts on the first request in each process (a forked worker gets its own) and ends
-    at ``close``.
+    ``mapping`` is the whole file's mapping as bytes, ``fd`` its descriptor, which this object
+    owns from now on and closes in ``close`` (or, if a hint for it is running then, right after
+    that hint). Purely advisory: errors end the hint, never the caller.
+
+    One worker thread per process serves every reader (a forked process starts its own on its
+    first request), so opening and closing a reader costs no thread start or join: a dataset
+    that enters a new shard every few batches pays for the hints, not for threads.
     """
 
     def __init__(self, fd: int, mapping: npt.NDArray[np.uint8]) -> None:
-        self._fd = fd
+        self._fd: int | None = fd
         self._remember = mapping.size <= _ram_bytes() // 2
         self._requested: set[tuple[int, int]] = set()
         self._mapping: npt.NDArray[np.uint8] | None = mapping
-        self._populate = _MADVISE is not None
-        self._pid = -1
-        self._queue: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._busy = False  # a hint for this file is running on the worker
+        self._closed = False
 
     @staticmethod
     def available() -> bool:
@@ -177,61 +181,105 @@ class Readahead:
 
     def request(self, offset: int, length: int) -> None:
         """Have ``length`` bytes at ``offset`` read (and mapped) soon; returns at once."""
-        mapping = self._mapping
-        if length <= 0 or mapping is None or self._stop.is_set() or not self.available():
+        if length < MIN_HINT_BYTES or self._closed or self._mapping is None:
             return
-        if self._pid != os.getpid():  # first request here, or a fork inherited a dead thread
-            self._pid = os.getpid()
-            self._requested = set()  # a forked process maps the pages anew
-            self._queue = queue.SimpleQueue()
-            self._thread = threading.Thread(
-                target=self._run,
-                args=(self._queue, mapping),
-                name="zerobatch-readahead",
-                daemon=True,
-            )
-            self._thread.start()
+        if not self.available():
+            return
+        if self._pid != os.getpid():  # a forked process maps the pages anew
+            self._pid, self._requested = os.getpid(), set()
         if self._remember:
             if (offset, length) in self._requested:
                 return  # populated in this mapping already, and the file stays cached
             self._requested.add((offset, length))
-        self._queue.put((offset, length))
+        _worker().put((self, offset, length))
 
-    def _run(
-        self, requests: queue.SimpleQueue[tuple[int, int] | None], mapping: npt.NDArray[np.uint8]
-    ) -> None:
-        base, size = mapping.ctypes.data, mapping.size
-        while (item := requests.get()) is not _STOP and not self._stop.is_set():
-            offset, end = item[0], min(item[0] + item[1], size)
-            while offset < end and not self._stop.is_set():
+    def _run(self, offset: int, length: int) -> None:
+        """On the worker: hint ``[offset, offset + length)``, unless closed meanwhile."""
+        with self._lock:
+            mapping, fd = self._mapping, self._fd
+            if self._closed or mapping is None or fd is None:
+                return
+            self._busy = True
+        try:
+            base, end = mapping.ctypes.data, min(offset + length, mapping.size)
+            while offset < end and not self.closed:
                 n = min(HINT_BYTES, end - offset)
-                if not self._hint(base, offset, n):
+                if not _hint(fd, base, offset, n):
                     break
                 offset += n
+        finally:
+            with self._lock:
+                self._busy = False
+                if self.closed:  # closed while the hint ran: the descriptor is ours to close
+                    self._release()
 
-    def _hint(self, base: int, offset: int, n: int) -> bool:
-        """One chunk: populate its mapping, or (if the kernel cannot) start its disk reads."""
-        if self._populate and _MADVISE is not None:
-            if _MADVISE(base + offset, n, MADV_POPULATE_READ) == 0:
-                return True
-            if ctypes.get_errno() not in (errno.EINVAL, errno.ENOSYS):
-                return False  # e.g. EFAULT: the pages could not be read; the caller will see
-            self._populate = False  # kernel older than 5.14
-        if not hasattr(os, "posix_fadvise"):
-            return False
-        try:
-            os.posix_fadvise(self._fd, offset, n, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            return False
-        return True
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called (read afresh: another thread may set it)."""
+        return self._closed
 
-    def close(self) -> bool:
-        """Stop the thread; ``True`` once it has ended (the file may then be closed)."""
-        self._stop.set()
+    def close(self) -> None:
+        """Stop hinting this file and close its descriptor (after a hint still running)."""
+        with self._lock:
+            self._closed = True
+            if not self._busy:
+                self._release()
+
+    def _release(self) -> None:
         self._mapping = None
-        thread = self._thread
-        if thread is None or self._pid != os.getpid():
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+_POPULATE = [_MADVISE is not None]  # cleared once if the kernel has no MADV_POPULATE_READ
+
+
+def _hint(fd: int, base: int, offset: int, n: int) -> bool:
+    """One chunk: populate its mapping, or (if the kernel cannot) start its disk reads."""
+    if _POPULATE[0] and _MADVISE is not None:
+        address = base + offset
+        aligned = address - address % mmap.PAGESIZE  # madvise wants a page-aligned start
+        if _MADVISE(aligned, n + address - aligned, MADV_POPULATE_READ) == 0:
             return True
-        self._queue.put(_STOP)
-        thread.join(timeout=5.0)
-        return not thread.is_alive()
+        if ctypes.get_errno() not in (errno.EINVAL, errno.ENOSYS):
+            return False  # e.g. EFAULT: the pages could not be read; the caller will see
+        _POPULATE[0] = False  # kernel older than 5.14
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    try:
+        os.posix_fadvise(fd, offset, n, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        return False
+    return True
+
+
+_Request = tuple[Readahead, int, int]
+_WORKER: dict[int, queue.SimpleQueue[_Request]] = {}
+_WORKER_LOCK = threading.Lock()
+
+
+def _worker() -> queue.SimpleQueue[_Request]:
+    """This process's read-ahead queue, its daemon thread started on first use."""
+    pid = os.getpid()
+    requests = _WORKER.get(pid)
+    if requests is None:
+        with _WORKER_LOCK:
+            requests = _WORKER.get(pid)
+            if requests is None:
+                requests = queue.SimpleQueue()
+                thread = threading.Thread(
+                    target=_serve, args=(requests,), name="zerobatch-readahead", daemon=True
+                )
+                thread.start()
+                _WORKER.clear()  # a forked process's copy names its parent's dead thread
+                _WORKER[pid] = requests
+    return requests
+
+
+def _serve(requests: queue.SimpleQueue[_Request]) -> None:
+    while True:
+        readahead, offset, length = requests.get()
+        with contextlib.suppress(Exception):  # advisory: one bad hint must not end the worker
+            readahead._run(offset, length)

@@ -67,6 +67,8 @@ class BatchFileReader:
                 raise ZeroBatchIOError(code, "not a regular file", self.path)
             prefix = os.pread(fd, HEADER_SIZE, 0)
             checked = check_header(prefix, st.st_size)
+            self.header_bytes = bytes(prefix[:HEADER_SIZE])
+            """The header's 4096 bytes as read (a valid header is exactly its fields' bytes)."""
             if isinstance(checked, Violation):
                 raise FormatError(self.path, checked)
             self.header: Header = checked
@@ -95,7 +97,9 @@ class BatchFileReader:
         # The descriptor stays open for read-ahead hints, so they always reach this inode; it
         # is closed by ``close`` or, for a reader that is just dropped, by the finalizer.
         self._readahead = Readahead(fd, np.frombuffer(self._mmap, dtype=np.uint8))
-        self._release = weakref.finalize(self, _release_descriptor, self._readahead, fd)
+        # The read-ahead owns the descriptor and closes it (``close``, or this finalizer for
+        # a reader that is just dropped), after any hint still using it.
+        self._release = weakref.finalize(self, self._readahead.close)
         self._closed = False
 
     # -- header fields -------------------------------------------------------------------
@@ -346,9 +350,3 @@ def _enable_fault_handler() -> None:
         return
     with contextlib.suppress(AttributeError, ValueError, RuntimeError, OSError):
         faulthandler.enable()
-
-
-def _release_descriptor(readahead: Readahead, fd: int) -> None:
-    """Stop read-ahead, then close its descriptor (kept open if a hint is still running)."""
-    if readahead.close():
-        os.close(fd)

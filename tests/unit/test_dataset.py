@@ -266,4 +266,7 @@ def test_open_shards_stay_bounded(thousand_shards: Path) -> None:
         seen += 1
         if seen % 50 == 0:
             peak = max(peak, len(os.listdir("/proc/self/fd")) - fds)
-    assert seen == 2000 and 0 < peak <= 2 * 8  # a reader's descriptor and its mapping's
+    # Two descriptors per open shard (the reader's and its mapping's), plus those of one shard
+    # closed while its read-ahead hint is still running (released right after it).
+    assert seen == 2000 and 0 < peak <= 2 * 8 + 2
+

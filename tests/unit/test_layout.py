@@ -147,3 +147,15 @@ def test_seed_example_file_size() -> None:
     # 104,829 records of [32, 512]: 3275 batches. (The seed document prints 214,643,796, a
     # transposition of the correct 214,634,496.)
     assert expected_file_size(32, 512, 104829 // 32) == 4096 + 3275 * 65536 == 214_634_496
+
+
+def test_parse_header_equals_the_construct_declaration_on_any_bytes() -> None:
+    """``parse_header`` runs a ``struct`` format derived from ``HEADER_STRUCT``: same fields."""
+    from zerobatch_spec.layout import HEADER_FIELDS, HEADER_STRUCT, parse_header
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        data = rng.integers(0, 256, size=4096, dtype=np.uint8).tobytes()
+        obj = HEADER_STRUCT.parse(data)
+        header = parse_header(data)
+        assert header.as_dict() == {name: obj[name] for name in HEADER_FIELDS}

@@ -173,10 +173,11 @@ def test_read_ahead_maps_the_requested_batches(tmp_path: Path) -> None:
         assert base % page == 0
         pages = len(r) + 1
         assert not any(_mapped_pages(base, 0, pages))  # fresh mapping: nothing mapped yet
-        r.read_ahead(960, 968)
+        r.read_ahead(700, 960)  # 260 slots: 1.02 MiB, at least MIN_HINT_BYTES
         r.read_ahead(3, 3)  # an empty range is ignored
-        r.read_ahead(1020, 5000)  # a range past the end is clipped to the file
-        want = [*range(961, 969), *range(1021, 1025)]  # the page of batch i is page i + 1
+        r.read_ahead(10, 20)  # 40 KiB: below MIN_HINT_BYTES, left to the kernel
+        r.read_ahead(760, 5000)  # a range past the end is clipped to the file
+        want = [*range(701, 961), *range(1000, 1025)]  # the page of batch i is page i + 1
         deadline = time.monotonic() + 10.0
         while not all(_mapped_pages(base, 0, pages)[p] for p in want):
             assert time.monotonic() < deadline, "read-ahead never mapped the requested pages"
