@@ -90,10 +90,10 @@ def test_d4_c2_ranks_cover_every_step_exactly(
             # a chunk's labels run one token past it: the next chunk's first token included
             inp, lab = (np.asarray(x) for x in steps[0, 0][step])
             halves = 2 if zigzag else 1  # zig-zag: two ranges, each with its own next token
-            for i, l in zip(
+            for part_in, part_lab in zip(
                 np.split(inp, halves, axis=1), np.split(lab, halves, axis=1), strict=True
             ):
-                np.testing.assert_array_equal(l[:, :-1], i[:, 1:])
+                np.testing.assert_array_equal(part_lab[:, :-1], part_in[:, 1:])
         else:
             np.testing.assert_array_equal(
                 reassemble({k: v[step] for k, v in steps.items()}, d, c, zigzag), whole[step]
@@ -237,7 +237,7 @@ def test_workers_split_the_served_steps_with_skips(path: Path) -> None:
         per_worker.append([int(b[0, 0]) for b in loader])
     merged = [
         x
-        for group in zip(*[p + [None] * (4 - len(p)) for p in per_worker])
+        for group in zip(*[p + [None] * (4 - len(p)) for p in per_worker], strict=True)
         for x in group
         if x is not None
     ]
