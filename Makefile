@@ -15,12 +15,16 @@ EDITABLE := --config-settings editable_mode=strict
 TEST_ENV := XLA_FLAGS=--xla_force_host_platform_device_count=8 ZEROBATCH_REQUIRE_FRAMEWORKS=1 \
 	TF_CPP_MIN_LOG_LEVEL=2
 
-.PHONY: help install demo bench test lint typecheck vectors check-vectors conformance pytest clean
+.PHONY: help install demo bench test lint typecheck vectors check-vectors conformance pytest clean \
+	mutation
 
 help:
 	@echo "make demo   - set up (core + PyTorch), write a dataset from the bundled corpus, train"
 	@echo "make test   - set up (core + PyTorch, JAX, TensorFlow), lint, type-check, vectors,"
 	@echo "              conformance and every test"
+	@echo "make mutation - mutation testing of spec/ and the core's order, loader, reader, writer"
+	@echo "              and validation modules (slow, resumable; not part of make test):"
+	@echo "              MUTATION_ARGS='spec/layout.py --jobs 2' picks modules and parallelism"
 
 # Core, dev tools and the pinned PyTorch (installed first so nothing pulls another build).
 $(BASE): pyproject.toml
@@ -76,6 +80,14 @@ pytest: install $(FRAMEWORKS)
 	$(TEST_ENV) $(PY) -m pytest $(TORCH_TESTS)
 
 test: lint typecheck check-vectors conformance pytest
+
+# Mutation testing with Cosmic Ray (tests/README.md, "Mutation testing"): each module's mutants
+# run in a private copy under build/mutation, so the working tree is never mutated. Slow (about
+# an hour for every module on two cores), resumable, and not part of `make test` or CI.
+MUTATION_ARGS ?=
+mutation: install
+	$(PIP) -e '.[mutation]' $(EDITABLE)
+	$(PY) tests/mutation/run.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis demo-output

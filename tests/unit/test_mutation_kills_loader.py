@@ -1,0 +1,276 @@
+"""BatchNativeLoader behaviours that mutation testing found unpinned (tests/README.md).
+
+Each test names one behaviour; the comment under it says which kind of slip it catches.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from zerobatch_core import BatchFileReader, BatchNativeLoader, StateError
+from zerobatch_core.loader import Position, normalize_skips
+
+
+def test_skip_ranges_start_at_step_zero_and_not_before() -> None:
+    assert normalize_skips([(0, 1)]) == ((0, 1),)
+    with pytest.raises(ValueError, match="skip_steps first step must be at least 0"):
+        normalize_skips([(-1, 1)])
+
+
+def test_skip_range_errors_name_the_end_step_or_the_empty_range() -> None:
+    with pytest.raises(ValueError, match="skip_steps end step must be at least 0"):
+        normalize_skips([(0, -1)])
+    with pytest.raises(ValueError, match=r"skip_steps range \(0, 0\) is empty"):
+        normalize_skips([(0, 0)])
+
+
+def test_a_skip_range_inside_the_last_merged_one_keeps_its_end() -> None:
+    # Merging compares with the last merged range, not another one: (7, 8) lies inside (6, 10).
+    ranges = [(0, 1), (3, 4), (6, 10), (7, 8)]
+    assert normalize_skips(ranges) == ((0, 1), (3, 4), (6, 10))
+
+
+def test_block_size_one_is_the_smallest_and_is_the_loaders_own_check(
+    make_file: Callable[..., Path],
+) -> None:
+    path = make_file(n=40, batch_size=4)
+    assert sorted(int(b[0, 0]) for b in BatchNativeLoader(path, block_size=1)) == sorted(
+        int(b[0, 0]) for b in BatchFileReader(path)
+    )
+    with pytest.raises(ValueError, match="block_size must be at least 1, got 0"):
+        BatchNativeLoader(path, block_size=0)
+
+
+def test_a_failed_constructor_leaves_the_callers_reader_open(
+    make_file: Callable[..., Path],
+) -> None:
+    reader = BatchFileReader(make_file(n=40, seq_len=8, batch_size=4))
+    with pytest.raises(ValueError, match="global_batch_size"):
+        BatchNativeLoader(reader, global_batch_size=0)
+    assert reader.read_batch(0).shape == (4, 8)  # still usable: not the loader's to close
+
+
+def test_worker_and_num_workers_are_plain_attributes(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=80, batch_size=4))
+    loader.split_workers(1, 3)
+    assert (loader.worker, loader.num_workers) == (1, 3)
+
+
+def test_global_step_counts_whole_epochs_then_steps(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))  # 10 steps per epoch
+    assert loader.global_step(Position(2, 3)) == 23
+
+
+def test_every_block_is_read_ahead_and_size_checked_before_it_is_served(
+    make_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), block_size=3)  # blocks 3, 3, 3, 1
+    reader = loader.reader
+    events: list[tuple[Any, ...]] = []
+    read_ahead, check_size = reader.read_ahead, reader.check_size
+
+    def spy_read_ahead(start: int, stop: int) -> None:
+        events.append(("ahead", start, stop))
+        read_ahead(start, stop)
+
+    def spy_check_size() -> None:
+        events.append(("check",))
+        check_size()
+
+    monkeypatch.setattr(reader, "read_ahead", spy_read_ahead)
+    monkeypatch.setattr(reader, "check_size", spy_check_size)
+    served = [int(b[0, 0]) for b in loader]
+    assert len(served) == 10
+    starts = [e[1] for e in events if e[0] == "ahead"]
+    assert sorted(starts) == [0, 3, 6, 9]  # each block once
+    assert events.count(("check",)) == 4  # each block's file check
+
+
+def test_served_subtracts_the_skipped_steps(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), skip_steps=[(5, 7)])
+    assert loader.served(Position(0, 2)) == 10 - 2 - 2
+
+
+def test_state_origin_is_the_split_step_in_its_epoch_only(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    loader.split_workers(0, 2)
+    assert loader.state_dict()["origin"] == 3
+    assert loader.state_dict(Position(1, 0))["origin"] == 0
+
+
+def test_a_state_with_a_zero_global_batch_size_is_a_state_error(
+    make_file: Callable[..., Path],
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    with pytest.raises(StateError, match="global_batch_size 0 is invalid"):
+        loader.load_state_dict(dict(loader.state_dict(), global_batch_size=0))
+
+
+def test_a_two_worker_state_must_be_on_one_of_its_workers_steps(
+    make_file: Callable[..., Path],
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    state = dict(loader.state_dict(), num_workers=2, worker=0, origin=0, step=1)
+    with pytest.raises(StateError, match="step 1 is not one of worker 0's steps"):
+        loader.load_state_dict(state)
+
+
+def test_next_token_inputs_are_views_of_the_file(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), next_token=True)
+    inputs, _ = next(iter(loader))
+    assert inputs.dtype == np.uint32 and not inputs.flags.owndata
+
+
+def test_malformed_state_skip_steps_are_a_state_error(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    with pytest.raises(StateError, match=r"state skip_steps: skip_steps range \(3, 1\) is empty"):
+        loader.load_state_dict(dict(loader.state_dict(), skip_steps=[[3, 1]]))
+
+
+def test_a_bad_block_size_is_refused_before_the_file_is_opened(
+    make_file: Callable[..., Path],
+) -> None:
+    path = make_file(n=40, batch_size=4)
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(ValueError, match="block_size") as info:
+        BatchNativeLoader(path, block_size=0)
+    assert len(os.listdir("/proc/self/fd")) == before, info.traceback  # nothing left open
+
+
+def test_resuming_onto_a_newly_skipped_step_serves_the_next_unskipped_one(
+    make_file: Callable[..., Path],
+) -> None:
+    path = make_file(n=40, batch_size=4)
+    saved = BatchNativeLoader(path, shuffle=False).state_dict(Position(0, 3))
+    resumed = BatchNativeLoader(path, shuffle=False, skip_steps=[(3, 5)])
+    resumed.load_state_dict(saved)
+    first = next(iter(resumed))
+    np.testing.assert_array_equal(first, resumed.reader.read_batch(5))
+
+
+def test_item_of_a_stored_batch_is_that_batch(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    np.testing.assert_array_equal(loader.item(3), loader.reader.read_batch(3))
+
+
+def test_a_global_batch_of_two_stored_batches_serves_both(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), shuffle=False, global_batch_size=8)
+    first = next(iter(loader))
+    want = np.concatenate([loader.reader.read_batch(0), loader.reader.read_batch(1)])
+    np.testing.assert_array_equal(first, want)
+
+
+def test_the_cursor_after_an_epoch_is_its_length_even_if_the_next_epoch_skips_its_start(
+    make_file: Callable[..., Path],
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), skip_steps=[(10, 11)])
+    it = iter(loader)
+    for _ in range(10):
+        next(it)
+    assert loader.position == Position(0, 10)
+
+
+def test_after_steps_over_skipped_steps(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), skip_steps=[(3, 5)])
+    assert loader.after(Position(0, 2)) == Position(0, 5)
+
+
+def test_seek_ends_the_pass_in_progress(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    it = iter(loader)
+    next(it)
+    loader.seek(Position(0, 5))
+    assert next(it, None) is None
+
+
+def test_set_epoch_ends_the_pass_in_progress(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    it = iter(loader)
+    next(it)
+    loader.set_epoch(3)
+    assert next(it, None) is None
+
+
+def test_a_new_pass_ends_the_previous_one(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    old = iter(loader)
+    next(old)
+    iter(loader)
+    assert next(old, None) is None
+
+
+def test_a_state_without_worker_keys_resumes_as_the_only_worker(
+    make_file: Callable[..., Path],
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    state = loader.state_dict()
+    for key in ("num_workers", "worker", "origin"):
+        del state[key]
+    loader.load_state_dict(state)
+    assert (loader.num_workers, loader.worker, loader.state_dict()["origin"]) == (1, 0, 0)
+
+
+def test_a_negative_state_epoch_is_refused(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    with pytest.raises(StateError, match="state epoch -1 is not an integer"):
+        loader.load_state_dict(dict(loader.state_dict(), epoch=-1))
+
+
+def test_a_negative_state_worker_is_outside_the_workers(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    state = dict(loader.state_dict(), num_workers=2, worker=-1)
+    with pytest.raises(StateError, match="state worker -1 is outside num_workers 2"):
+        loader.load_state_dict(state)
+
+
+def test_the_default_block_size_is_the_documented_256(make_file: Callable[..., Path]) -> None:
+    # README: ``Adapter(source, *, block_size=256, ...)``, the loader's default too.
+    assert BatchNativeLoader(make_file(n=40, batch_size=4)).block_size == 256
+
+
+def test_token_zero_may_be_the_bos_id(make_file: Callable[..., Path]) -> None:
+    assert BatchNativeLoader(make_file(n=40, batch_size=4), bos_id=0).bos_id == 0
+
+
+def test_a_negative_bos_id_is_refused(make_file: Callable[..., Path]) -> None:
+    with pytest.raises(ValueError, match="bos_id must be in"):
+        BatchNativeLoader(make_file(n=40, batch_size=4), bos_id=-1)
+
+
+def test_a_worker_split_counts_from_its_origin_in_that_epoch_only(
+    make_file: Callable[..., Path],
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    loader.split_workers(0, 2)  # worker 0 of 2 from step 3: steps 3, 5, 7, 9
+    assert loader.after(Position(0, 3)) == Position(0, 5)
+    assert loader.after(Position(1, 0)) == Position(1, 2)  # later epochs split from step 0
+
+
+def test_a_worker_index_equal_to_the_worker_count_is_refused(
+    make_file: Callable[..., Path],
+) -> None:
+    with pytest.raises(ValueError, match="worker 2 is outside num_workers 2"):
+        BatchNativeLoader(make_file(n=40, batch_size=4)).split_workers(2, 2)
+
+
+def test_nothing_is_served_from_the_end_of_an_epoch(make_file: Callable[..., Path]) -> None:
+    assert BatchNativeLoader(make_file(n=40, batch_size=4)).served(Position(0, 10)) == 0
+
+
+def test_skips_in_another_epoch_do_not_reduce_this_epochs_steps(
+    make_file: Callable[..., Path],
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), skip_steps=[(15, 17)])
+    assert loader.served(Position(0, 2)) == 8

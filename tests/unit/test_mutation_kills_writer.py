@@ -1,0 +1,297 @@
+"""Writer behaviours that mutation testing found unpinned (tests/README.md)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from zerobatch_spec import record_source
+
+from tests.helpers import records
+from zerobatch_core import WriteError, write_batch_dataset, write_batch_file
+from zerobatch_core import writer as writer_module
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", ""])
+    proc.wait()
+    return proc.pid
+
+
+def test_check_output_refuses_an_existing_file_by_default(tmp_path: Path) -> None:
+    dest = tmp_path / "x.batch"
+    dest.write_bytes(b"old")
+    with pytest.raises(WriteError, match="output file already exists"):
+        writer_module.check_output(dest)
+
+
+def test_a_live_writer_is_probed_without_a_signal(tmp_path: Path) -> None:
+    # The probe is signal 0: the process must survive being asked whether it runs.
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time\n"
+            "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):\n"
+            "    signal.signal(s, signal.SIG_DFL)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        assert writer_module._running(child.pid)
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=1)  # still running a second later
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_pid_no_system_can_have_counts_as_running() -> None:
+    # os.kill raises OverflowError: the temporary is kept rather than guessed stale.
+    assert writer_module._running(2**70)
+
+
+def test_a_stale_named_symlink_is_left_alone(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.write_bytes(b"keep")
+    link = tmp_path / f".x.batch.{dead_pid()}.0a1b2c3d.tmp"
+    link.symlink_to(target)
+    writer_module.remove_stale_temporaries(tmp_path)
+    assert link.is_symlink() and target.read_bytes() == b"keep"
+
+
+def test_stale_cleanup_of_a_missing_directory_does_nothing(tmp_path: Path) -> None:
+    assert writer_module.remove_stale_temporaries(tmp_path / "missing") is None
+
+
+def no_hard_links(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Simulate a file system without hard links or unnamed files: named temporaries, rename."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(writer_module, "_open_unnamed", lambda directory: None)
+    monkeypatch.setattr(os, "link", refuse)
+
+
+def test_without_hard_links_a_new_output_is_renamed_into_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_hard_links(monkeypatch)
+    assert write_batch_file(tmp_path / "new.batch", records(8, 4), 2) == 4
+    assert os.listdir(tmp_path) == ["new.batch"]
+
+
+def test_without_hard_links_overwrite_replaces_the_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dest = tmp_path / "x.batch"
+    write_batch_file(dest, records(8, 4), 2, seed=1)
+    first = dest.read_bytes()
+    no_hard_links(monkeypatch)
+    write_batch_file(dest, records(8, 4), 2, seed=2, overwrite=True)
+    assert dest.read_bytes() != first and os.listdir(tmp_path) == ["x.batch"]
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.int64])
+def test_wide_tokens_above_uint32_are_refused(tmp_path: Path, dtype: type) -> None:
+    rows = records(4, 3, dtype)
+    rows[2, 1] = 2**32
+    with pytest.raises(WriteError, match="record 2, token 1: value 4294967296"):
+        write_batch_file(tmp_path / "x.batch", rows, 2)
+
+
+def test_seq_len_mismatch_message_names_the_records_length(tmp_path: Path) -> None:
+    with pytest.raises(WriteError, match="seq_len=5 but records have 3 tokens"):
+        write_batch_file(tmp_path / "x.batch", records(4, 3), 2, seq_len=5)
+
+
+def test_a_small_file_is_one_data_write_and_the_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Slots are gathered into writes of up to CHUNK_BYTES, not written one batch at a time.
+    sizes: list[int] = []
+    pwrite = os.pwrite
+
+    def spy(fd: int, data: Any, offset: int) -> int:
+        sizes.append(len(data))
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", spy)
+    write_batch_file(tmp_path / "x.batch", records(64, 4), 2)  # 32 slots of 4096 bytes
+    assert sorted(sizes) == [4096, 32 * 4096]
+
+
+def test_windows_smaller_than_a_slot_hold_one_batch_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = records(40, 4)
+    write_batch_file(tmp_path / "a.batch", src, 4, seed=3)
+    monkeypatch.setattr(writer_module, "WINDOW_BYTES", 100)  # below one 4096-byte slot
+    write_batch_dataset(tmp_path / "b.batch", iter(src), 40, 4, 4, seed=3)
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
+
+
+def test_the_spill_is_read_back_in_chunks_and_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = records(40, 4)
+    write_batch_file(tmp_path / "a.batch", src, 4, seed=3)
+    monkeypatch.setattr(writer_module, "CHUNK_BYTES", 8)  # below one record: one per read
+    blocks: list[int] = []
+    add = writer_module._WindowedOutput.add
+
+    def spy(self: Any, rows: np.ndarray) -> None:
+        blocks.append(rows.shape[0])
+        add(self, rows)
+
+    monkeypatch.setattr(writer_module._WindowedOutput, "add", spy)
+    write_batch_dataset(tmp_path / "b.batch", iter(src), None, 4, 4, seed=3)
+    assert blocks == [1] * 40
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
+
+
+def test_an_open_count_stream_of_exactly_one_batch_is_written(tmp_path: Path) -> None:
+    assert write_batch_dataset(tmp_path / "x.batch", iter(records(4, 3)), None, 4, 3) == 1
+
+
+def test_disk_full_while_spilling_counts_the_spill_in_the_bytes_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 40 records of 4 tokens: a 4096 + 10 * 4096-byte output plus the 640-byte spill.
+    def full(fd: int, size: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "ftruncate", full)
+    with pytest.raises(OSError, match=r"needs about 45,696 bytes"):
+        write_batch_dataset(tmp_path / "x.batch", iter(records(40, 4)), None, 4, 4)
+
+
+def test_short_writes_are_continued_until_everything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pwrite = os.pwrite
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: pwrite(fd, data[:1], offset))
+    write_batch_file(tmp_path / "a.batch", records(8, 4), 2, seed=5)
+    monkeypatch.undo()
+    write_batch_file(tmp_path / "b.batch", records(8, 4), 2, seed=5)
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
+
+
+def test_a_write_that_writes_nothing_is_an_io_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: 0)
+    with pytest.raises(OSError, match="write returned 0"):
+        write_batch_file(tmp_path / "a.batch", records(8, 4), 2)
+
+
+def test_empty_output_message_for_a_single_record(tmp_path: Path) -> None:
+    with pytest.raises(WriteError, match="1 record is fewer than batch_size=4"):
+        write_batch_file(tmp_path / "x.batch", records(1, 3), 4)
+
+
+def test_a_writers_temporary_name_is_recognised_as_its_own(tmp_path: Path) -> None:
+    name = os.path.basename(writer_module._temp_path(str(tmp_path / "x.batch")))
+    assert writer_module._temp_owner(name) == os.getpid()
+
+
+def test_the_blocking_writer_lock_is_held(tmp_path: Path) -> None:
+    import fcntl
+
+    path = tmp_path / "locked"
+    path.write_bytes(b"")
+    mine, other = os.open(path, os.O_RDONLY), os.open(path, os.O_RDONLY)
+    try:
+        assert writer_module._lock(mine, blocking=True)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(mine)
+        os.close(other)
+
+
+def test_negative_tokens_of_narrow_signed_inputs_are_refused(tmp_path: Path) -> None:
+    rows = records(4, 3, np.int32)
+    rows[1, 2] = -1
+    with pytest.raises(WriteError, match="record 1, token 2: value -1"):
+        write_batch_file(tmp_path / "x.batch", rows, 2)
+
+
+def dropped_record(n: int, batch_size: int, seed: int) -> int | None:
+    kept = {record_source(p, n, seed) for p in range(n // batch_size * batch_size)}
+    rest = sorted(set(range(n)) - kept)
+    return rest[0] if rest else None
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.int64])
+def test_a_bad_token_in_the_dropped_remainder_is_refused(tmp_path: Path, dtype: type) -> None:
+    # The first record, dropped: the whole input is checked, from its first record on.
+    seed = next(s for s in range(100) if dropped_record(3, 2, s) == 0)
+    rows = records(3, 4, dtype)
+    rows[0, 1] = 2**32
+    with pytest.raises(WriteError, match="record 0, token 1: value 4294967296"):
+        write_batch_file(tmp_path / "x.batch", rows, 2, seed=seed)
+
+
+def test_a_fortran_ordered_memmap_input_is_read_by_its_values(tmp_path: Path) -> None:
+    src = records(12, 4)
+    mm = np.memmap(tmp_path / "src.bin", dtype=np.uint32, mode="w+", shape=src.shape, order="F")
+    mm[:] = src
+    mm.flush()
+    write_batch_file(tmp_path / "a.batch", mm, 2, seed=4)
+    write_batch_file(tmp_path / "b.batch", src, 2, seed=4)
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
+
+
+def test_a_memmap_input_with_scattered_records_per_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One batch per chunk: each chunk's records are scattered runs of the mapped file.
+    src = records(13, 4)
+    mm = np.memmap(tmp_path / "src.bin", dtype=np.uint32, mode="w+", shape=src.shape)
+    mm[:] = src
+    mm.flush()
+    monkeypatch.setattr(writer_module, "CHUNK_BYTES", 4096)
+    write_batch_file(tmp_path / "a.batch", mm, 4, seed=4)
+    write_batch_file(tmp_path / "b.batch", src, 4, seed=4)
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
+
+
+def test_a_file_system_without_locks_counts_as_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No advisory locks at all: the pid check alone decides, so the lock "succeeds".
+    import fcntl
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        assert writer_module._lock(fd, blocking=False)
+    finally:
+        os.close(fd)
+
+
+def test_a_temporary_name_already_taken_is_retried_with_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken = tmp_path / ".x.batch.1.0a1b2c3d.tmp"
+    taken.write_bytes(b"someone else's")
+    names = iter([str(taken), str(tmp_path / ".x.batch.1.0a1b2c3e.tmp")])
+    monkeypatch.setattr(writer_module, "_temp_path", lambda path: next(names))
+    fd, temp = writer_module._open_named(str(tmp_path / "x.batch"))
+    os.close(fd)
+    assert temp.endswith("0a1b2c3e.tmp") and taken.read_bytes() == b"someone else's"
