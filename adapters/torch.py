@@ -19,7 +19,17 @@ Usage (``TorchBatchLoader`` keeps an exact, JSON-able cursor, workers or not)::
 
 ``TorchBatchDataset`` is the building block for a plain ``DataLoader(ds, batch_size=None,
 num_workers=k)`` or torchdata's ``StatefulDataLoader``; ``TorchBatchLoader`` wraps the same
-stream for the common case and keeps an exact cursor even when batches come from workers.
+stream for the common case, with an exact cursor, int64 conversions on a background thread and
+an optional device stage that moves int32 and widens on the device.
+
+Worker processes and tokens. Every batch is a view of a file this process can map itself, so a
+batch made in a ``DataLoader`` worker does not travel as data: what crosses the process boundary
+is where it lies in which file (``Shipped``), and the parent makes the same view (int32) or
+conversion (int64) from its own mapping. A batch that a worker-side transform changed, or one
+that is not a single region of the file, travels as its bytes through the worker's pipe. The
+one remaining cost per batch is the ``DataLoader``'s own hand-over (tens of microseconds here):
+for batches that need no per-batch work, ``num_workers=0`` (or ``TorchBatchLoader``, which serves
+from this process whatever ``num_workers`` says) is the fast choice.
 
 Packed rows (several documents per row, each starting with a BOS token): ``bos_id=...`` makes
 every batch a dict of tensors that adds the core's document layout for variable-length
@@ -39,16 +49,28 @@ as data parallelism; else ``RANK``/``WORLD_SIZE``::
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
-from zerobatch_core import BatchStream, Item, Source, Stage, StreamOptions, int_arg
+from zerobatch_core import (
+    BatchFileReader,
+    BatchNativeLoader,
+    BatchStream,
+    DatasetReader,
+    OutputDType,
+    Source,
+    Stage,
+    StreamOptions,
+    int_arg,
+)
+from zerobatch_core.loader import LabelDType
+
+from .torch_transfer import READONLY_PROBE, StagingRing, ignore_readonly_warning, shipped
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -60,6 +82,7 @@ __all__ = [
     "DocumentBatch",
     "MeshCoordinates",
     "NextTokenBatch",
+    "StagingRing",
     "TorchBatchDataset",
     "TorchBatchLoader",
     "mesh_coordinates",
@@ -72,39 +95,6 @@ the mesh's dimension order (the numbering of the same dimensions flattened into 
 
 CONTEXT_DIMS = ("cp", "context")
 """``DeviceMesh`` dimension names that are context parallel (several multiply, row-major)."""
-
-_READONLY_MESSAGE = "The given NumPy array is not writable"
-_READONLY_MODULE = re.escape(__name__) + r"\Z"
-# The entry ``warnings.filterwarnings`` adds for the call below (Python 3.10+ layout).
-_READONLY_FILTER = (
-    "ignore",
-    re.compile(re.escape(_READONLY_MESSAGE), re.IGNORECASE),
-    UserWarning,
-    re.compile(_READONLY_MODULE),
-    0,
-)
-
-
-def _ignore_readonly_warning() -> None:
-    """Silence ``torch.from_numpy``'s read-only warning, for calls made from this module only.
-
-    int32 batches are deliberately read-only views of the mapped file, so the warning says
-    nothing new. The filter matches only that message, only as a ``UserWarning`` and only when
-    raised from this module: every other warning still shows. Each pass calls this again (a
-    list lookup) in case ``warnings.catch_warnings`` or ``resetwarnings`` dropped the filter.
-    """
-    if _READONLY_FILTER not in warnings.filters:
-        warnings.filterwarnings(
-            "ignore",
-            message=re.escape(_READONLY_MESSAGE),
-            category=UserWarning,
-            module=_READONLY_MODULE,
-        )
-
-
-_ignore_readonly_warning()
-_READONLY_PROBE = np.zeros(1, dtype=np.int32)
-_READONLY_PROBE.flags.writeable = False
 
 
 class NextTokenBatch(NamedTuple):
@@ -213,17 +203,23 @@ class _TorchStream(BatchStream[TorchItem]):
         return None
 
     def _converter(self, key: str) -> Callable[[Any], torch.Tensor]:
+        if key == "labels" and self.loader.label_dtype == "uint32":
+            return _int32_tensor  # the same bits; widened where they arrive
         return torch.from_numpy
 
     def _pair(self, inputs: Any, labels: Any) -> NextTokenBatch:
         return NextTokenBatch(inputs, labels)
 
     def __iter__(self) -> Iterator[TorchItem]:
-        _ignore_readonly_warning()
+        ignore_readonly_warning()
         # PyTorch warns about a read-only array once per process: take that warning here,
         # where the filter above applies, so the per-batch conversions can stay bare calls.
-        torch.from_numpy(_READONLY_PROBE)
+        torch.from_numpy(READONLY_PROBE)
         return super().__iter__()
+
+
+def _int32_tensor(array: Any) -> torch.Tensor:
+    return torch.from_numpy(array.view(np.int32))
 
 
 class TorchBatchDataset(_TorchStream, IterableDataset[TorchItem]):
@@ -242,7 +238,10 @@ class TorchBatchDataset(_TorchStream, IterableDataset[TorchItem]):
     dataset in the main process does not advance, so call ``set_epoch(e)`` before each epoch
     (as with ``DistributedSampler``), or use ``TorchBatchLoader``, which handles this.
     ``state_dict``/``load_state_dict`` make it resumable under torchdata's
-    ``StatefulDataLoader``, which calls them inside each worker.
+    ``StatefulDataLoader``, which calls them inside each worker. In a worker, batches are
+    tensors as usual (a subclass that behaves as a plain tensor), so transforms made there
+    apply; unchanged batches reach the main process as file coordinates (see the module
+    docstring), changed ones as their bytes.
     """
 
     accepts_worker_states = True
@@ -251,22 +250,30 @@ class TorchBatchDataset(_TorchStream, IterableDataset[TorchItem]):
         info = get_worker_info()
         return None if info is None else (info.id, info.num_workers)
 
+    def __iter__(self) -> Iterator[TorchItem]:
+        items = super().__iter__()
+        return items if get_worker_info() is None else _ship(self.loader, items)
+
 
 class TorchBatchLoader(_TorchStream):
-    """A resumable loader of tensors: in this process, or from ``DataLoader`` worker processes.
+    """A resumable loader of tensors, served from this process.
 
     The surface and the common arguments are ``zerobatch_core.BatchStream``'s: iterating
     serves the rest of the current epoch, the next ``iter`` the next epoch, and
     ``state_dict`` counts the batches the training loop received, so it is exact with
-    workers (whose copies this process never sees advance) and with read-ahead to a device.
+    read-ahead to a device.
 
-    ``num_workers`` worker processes (fresh ones for every pass, started from the cursor) serve
-    the batches through a ``DataLoader``; ``multiprocessing_context`` is passed to it (use
-    ``"forkserver"`` or ``"spawn"`` once the process runs threads, e.g. after JAX or
-    TensorFlow started). ``device`` (e.g. ``"cuda"``) moves every tensor there with
-    ``.to(device, non_blocking=True)`` on a background thread, ``prefetch`` batches ahead;
-    ``pin_memory=True`` pins host tensors first, for asynchronous host-to-device copies.
-    ``device_mesh`` gives the parallel coordinates, as for ``TorchBatchDataset``.
+    ``num_workers`` and ``multiprocessing_context`` are accepted for code written for a
+    ``DataLoader``, and start no process: batches are views of the mapped file and int64
+    conversions run on a background thread, so a worker process could only add a transfer
+    per batch (measured in ``benchmarks/RESULTS.md``). ``device`` (e.g. ``"cuda"``) moves every
+    batch there on a background thread, ``prefetch`` batches ahead: tokens and labels cross as
+    int32 (half the bytes of int64) and are widened on the device where int64 is asked for
+    (``dtype="int64"``, and labels), exactly for every uint32 id, so the host converts nothing.
+    ``pin_memory=True`` copies each batch through a ring of
+    reused pinned buffers first (no pinned allocation per batch), for asynchronous copies;
+    without ``device`` it pins each host batch. ``device_mesh`` gives the parallel coordinates,
+    as for ``TorchBatchDataset``.
     """
 
     def __init__(
@@ -281,50 +288,60 @@ class TorchBatchLoader(_TorchStream):
         **options: Unpack[StreamOptions],
     ) -> None:
         self.num_workers = int_arg("num_workers", num_workers, 0)
-        self.pin_memory = bool(pin_memory) and _can_pin()
-        self.device = None if device is None else torch.device(device)
         self.multiprocessing_context = multiprocessing_context
+        self.device = None if device is None else torch.device(device)
+        self.pin_memory = bool(pin_memory) and (_can_pin() or self.device is not None)
         super().__init__(source, device_mesh=device_mesh, **options)
-
-    def _produce(self, convert: Callable[[Item], TorchItem]) -> Iterator[TorchItem] | None:
-        if not self.num_workers:
-            return None
-        # Fresh workers for every pass: each copies the dataset, and with it the cursor as it
-        # is now. Persistent workers would keep their own cursors and miss set_epoch and
-        # load_state_dict calls made in between.
-        workers = DataLoader(
-            TorchBatchDataset.from_loader(self.loader),
-            batch_size=None,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            multiprocessing_context=self.multiprocessing_context,
-            persistent_workers=False,
+        self.ring = (
+            StagingRing(self.device, self.prefetch + 2, _can_pin(warn=False))
+            if self.pin_memory and self.device is not None
+            else None
         )
-        return iter(workers)
+        wide = {"labels"} | ({"tokens", "inputs"} if self.dtype == "int64" else set())
+        self._widen = wide if self.device is not None else set()
+
+    def _host_dtypes(self, dtype: OutputDType) -> tuple[OutputDType, LabelDType]:
+        # With a device, int32 crosses and the device widens: no conversion on the host.
+        return ("int32", "uint32") if self.device is not None else (dtype, "int64")
 
     def _stage(self) -> Stage | None:
-        pin_here = self.pin_memory and not self.num_workers
-        return "thread" if self.device is not None or pin_here else None
+        return "thread" if self.device is not None or self.pin_memory else None
 
     def _transfer(self, item: TorchItem) -> TorchItem:
-        if self.pin_memory and not self.num_workers:
-            item = _map_tensors(item, torch.Tensor.pin_memory)
+        if self.device is None:
+            return _map_tensors(item, torch.Tensor.pin_memory)
+        if isinstance(item, dict):
+            return {key: self._send(key, t) for key, t in item.items()}
+        if isinstance(item, NextTokenBatch):
+            return NextTokenBatch(
+                self._send("inputs", item.inputs), self._send("labels", item.labels)
+            )
+        return self._send("tokens", item)
+
+    def _send(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """One field to the device (through the ring when pinning), widened there if it must."""
         device = self.device
-        if device is None:
-            return item
-        return _map_tensors(item, lambda t: t.to(device, non_blocking=True))
+        assert device is not None
+        if self.ring is not None:
+            moved = self.ring.send(key, tensor)
+        else:
+            moved = tensor.to(device, non_blocking=True)
+        if key in self._widen:  # int32 bits of uint32 ids: zero-extend
+            moved = moved.to(torch.int64).bitwise_and_(0xFFFFFFFF)
+        return moved
 
 
-def _can_pin() -> bool:
+def _can_pin(warn: bool = True) -> bool:
     """Whether pinned memory exists here; without an accelerator, say so once, as PyTorch does."""
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None and accelerator.is_available():
         return True
     if torch.cuda.is_available():
         return True
-    warnings.warn(
-        "pin_memory=True but no accelerator is found: batches are not pinned", stacklevel=3
-    )
+    if warn:
+        warnings.warn(
+            "pin_memory=True but no accelerator is found: batches are not pinned", stacklevel=3
+        )
     return False
 
 
@@ -335,3 +352,39 @@ def _map_tensors(item: TorchItem, fn: Callable[[torch.Tensor], torch.Tensor]) ->
     if isinstance(item, NextTokenBatch):
         return NextTokenBatch(fn(item.inputs), fn(item.labels))
     return fn(item)
+
+
+def _ship(loader: BatchNativeLoader, items: Iterator[TorchItem]) -> Iterator[TorchItem]:
+    """A worker's items, each tensor a ``Shipped`` that knows the region of the file it holds
+    (steps of one stored batch and one column range; other steps travel as bytes)."""
+    source, rows = loader.source, loader.rows
+    lo, hi = loader.columns[0]
+    columns = {"tokens": (lo, hi), "inputs": (lo, hi), "labels": (lo + 1, hi + 1)}
+    whole = loader.global_batch_size == source.batch_size and len(loader.columns) == 1
+    order: tuple[int, Any] = (-1, None)
+    position = loader.after(loader.position, 0)  # the first item's step; then the cursor's
+    for item in items:
+        following, (epoch, step) = loader.position, position
+        slot: tuple[BatchFileReader, int] | None = None
+        if whole:
+            if order[0] != epoch:
+                order = (epoch, loader.epoch_order(epoch))
+            index = int(order[1][step])
+            if isinstance(source, DatasetReader):
+                shard, local = source.locate(index)
+                slot = source.shard(shard), local
+            else:
+                slot = source, index
+
+        def mark(key: str, tensor: torch.Tensor, slot: Any = slot) -> torch.Tensor:
+            if slot is None or key not in columns:
+                return shipped(tensor)
+            return shipped(tensor, slot[0], slot[1], rows, columns[key])
+
+        if isinstance(item, dict):
+            yield {key: mark(key, t) for key, t in item.items()}
+        elif isinstance(item, NextTokenBatch):
+            yield NextTokenBatch(mark("inputs", item.inputs), mark("labels", item.labels))
+        else:
+            yield mark("tokens", item)
+        position = following

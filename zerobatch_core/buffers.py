@@ -106,7 +106,16 @@ class _Failure:
 
 
 _END = object()
-_LIVE: weakref.WeakSet[ChunkStage[Any]] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def stop_at_exit(stage: Any) -> None:
+    """Have ``stage.close()`` called at interpreter exit if ``stage`` is still alive then.
+
+    Background stages run daemon threads; one still inside a library call (a copy, a tensor
+    operation) while the interpreter tears itself down can crash it, so each is stopped first.
+    """
+    _LIVE.add(stage)
 
 
 class ChunkStage(Generic[T]):
@@ -130,7 +139,7 @@ class ChunkStage(Generic[T]):
         self._thread = threading.Thread(
             target=self._run, args=(chunks,), name="zerobatch-chunks", daemon=True
         )
-        _LIVE.add(self)
+        stop_at_exit(self)
         self._thread.start()
 
     def _run(self, chunks: Iterator[T]) -> None:
@@ -196,3 +205,4 @@ def _stop_live_stages() -> None:
     """Stop every stage still running when the interpreter exits (before modules go away)."""
     for stage in list(_LIVE):
         stage.close()
+        _LIVE.discard(stage)

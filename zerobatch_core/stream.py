@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, NamedTuple, T
 import numpy.typing as npt
 
 from .arguments import int_arg
+from .buffers import stop_at_exit
 from .dataset import DatasetReader, Verify, open_source
 from .distributed import resolve_rank_world
 from .errors import StateError
@@ -479,6 +480,7 @@ class Prefetcher(Iterator[T]):
         self._thread = threading.Thread(
             target=self._run, args=(source,), name="zerobatch-prefetch", daemon=True
         )
+        stop_at_exit(self)
         self._thread.start()
 
     def _put(self, item: object) -> bool:

@@ -525,3 +525,214 @@ def test_stateful_dataloader_in_process_without_workers(make_file: MakeFile) -> 
             ds.set_epoch(epoch)
             resumed += firsts(dl)
         assert resumed == want
+
+
+# -- batches from DataLoader workers --------------------------------------------------------
+def torch_items(items: Any) -> list[Any]:
+    """Items as NumPy copies: tensors, NextTokenBatch pairs, or dicts of tensors."""
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, dict):
+            out.append({k: v.numpy().copy() for k, v in item.items()})
+        elif isinstance(item, tuple):
+            out.append(tuple(v.numpy().copy() for v in item))
+        else:
+            out.append(item.numpy().copy())
+    return out
+
+
+def core_items(path: Path, **kw: Any) -> list[Any]:
+    items = BatchNativeLoader(path, **ORDER, **kw)
+    return [
+        {k: np.array(v) for k, v in i.items()}
+        if isinstance(i, dict)
+        else tuple(np.array(v) for v in i)
+        if isinstance(i, tuple)
+        else np.array(i)
+        for i in items
+    ]
+
+
+def assert_same_items(got: list[Any], want: list[Any]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        if isinstance(w, dict):
+            assert sorted(g) == sorted(w)
+            pairs = [(g[k], w[k]) for k in w]
+        elif isinstance(w, tuple):
+            pairs = list(zip(g, w, strict=True))
+        else:
+            pairs = [(g, w)]
+        for a, b in pairs:
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("next_token", [False, True])
+def test_worker_batches_arrive_as_views_of_this_processs_mapping(
+    make_file: MakeFile, dtype: str, next_token: bool
+) -> None:
+    """Unchanged batches cross as file coordinates: the parent's tensors are made from its own
+    mapping of the file (int32: views of it), never from a shared-memory segment per batch."""
+    from zerobatch_adapters import torch_transfer as adapter
+
+    path = small(make_file)
+    kw: dict[str, Any] = {"dtype": dtype, "next_token": next_token, "rank": 1, "world_size": 2}
+    ds = TorchBatchDataset(path, **ORDER, **kw)
+    dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=CTX)
+    got = list(dl)
+    assert_same_items(torch_items(got), core_items(path, **kw))
+    tensors = [t for item in got for t in (item if isinstance(item, tuple) else (item,))]
+    assert all(type(t) is torch.Tensor and not t.is_shared() for t in tensors)
+    if dtype == "int32":
+        (reader,) = [r for (p, _), r in adapter._READERS.items() if p == str(path)]
+        order = BatchNativeLoader(path, **ORDER).epoch_order()
+        for item, index in zip(got, order, strict=True):
+            inputs = item[0] if next_token else item
+            assert inputs.data_ptr() == reader.read_batch(int(index))[2:].ctypes.data
+
+
+class Doubled(TorchBatchDataset):
+    """A worker-side transform that makes new tensors."""
+
+    def __iter__(self) -> Any:
+        for batch in super().__iter__():
+            yield batch * 2
+
+
+class MaskedInPlace(TorchBatchDataset):
+    """A worker-side transform that changes int64 batches in place: through torch when the
+    first row's number is odd, through NumPy (which torch's version counter does not see) else."""
+
+    def __iter__(self) -> Any:
+        for batch in super().__iter__():
+            if int(batch[0, 0]) // batch.shape[1] % 2:
+                batch[:, 0] = -1
+            else:
+                batch.numpy()[:, 1] = -2
+            yield batch
+
+
+class Wrapped(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """A wrapper dataset whose transform keeps only the first half of each row."""
+
+    def __init__(self, inner: TorchBatchDataset) -> None:
+        self.inner = inner
+
+    def __iter__(self) -> Any:
+        return (batch[:, : batch.shape[1] // 2] for batch in self.inner)
+
+
+@pytest.mark.filterwarnings(TOO_MANY_WORKERS)
+@pytest.mark.parametrize("workers", [2, 4])
+def test_worker_side_transforms_apply(make_file: MakeFile, workers: int) -> None:
+    path = small(make_file)
+    core32 = core_items(path, dtype="int32")
+    core64 = core_items(path, dtype="int64")
+
+    def run(ds: Any, **kw: Any) -> list[Any]:
+        dl = DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context=CTX, **kw)
+        return torch_items(dl)
+
+    assert_same_items(run(Doubled(path, dtype="int32", **ORDER)), [b * 2 for b in core32])
+    masked = []
+    for b in core64:
+        b = b.copy()
+        if b[0, 0] // 8 % 2:
+            b[:, 0] = -1
+        else:
+            b[:, 1] = -2
+        masked.append(b)
+    assert {int(b[0, 0]) // 8 % 2 for b in core64} == {0, 1}  # both kinds of change happen
+    assert_same_items(run(MaskedInPlace(path, dtype="int64", **ORDER)), masked)
+    wrapped = Wrapped(TorchBatchDataset(path, dtype="int64", **ORDER))
+    assert_same_items(run(wrapped), [b[:, :4] for b in core64])
+    plus_one = run(TorchBatchDataset(path, dtype="int32", **ORDER), collate_fn=lambda b: b + 1)
+    assert_same_items(plus_one, [b + 1 for b in core32])
+
+
+@pytest.mark.filterwarnings(TOO_MANY_WORKERS)
+def test_worker_batches_that_are_not_one_region_arrive_intact(make_file: MakeFile) -> None:
+    path = small(make_file, batches=12, seq_len=9)  # next-token width 8: 4 zig-zag chunks
+    zigzag = {"next_token": True, "context_size": 2, "zigzag": True, "context_rank": 1}
+    for kw in ({"global_batch_size": 8}, zigzag):
+        ds = TorchBatchDataset(path, dtype="int64", **ORDER, **kw)
+        dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=CTX)
+        assert_same_items(torch_items(dl), core_items(path, dtype="int64", **kw))
+
+
+def test_a_worker_reading_another_file_at_the_same_path_is_an_error(
+    make_file: MakeFile, tmp_path: Path
+) -> None:
+    from zerobatch_adapters import torch_transfer as adapter
+
+    from zerobatch_core import ZeroBatchIOError
+
+    path = str(small(make_file))
+    with pytest.raises(ZeroBatchIOError, match="another file"):
+        adapter._rebuild_region(path, (0, 0, 0, 0), 0, 0, 4, 0, 8, "torch.int32")
+
+
+def test_loader_workers_start_no_process(make_file: MakeFile) -> None:
+    import multiprocessing
+
+    path = small(make_file)
+    loader = TorchBatchLoader(path, num_workers=4, multiprocessing_context=CTX, **ORDER)
+    it = iter(loader)
+    first = next(it)
+    assert multiprocessing.active_children() == []
+    assert firsts([first, *it]) == core_firsts(path)
+    assert loader.num_workers == 4
+
+
+# -- the device path ------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("next_token", [False, True])
+def test_device_path_moves_int32_and_widens_on_the_device(
+    tmp_path: Path, dtype: str, next_token: bool
+) -> None:
+    """int32 crosses through a reused staging ring; ``dtype`` (and int64 labels) arrive, equal
+    to the core's, uint32 ids of 2**31 and above included. Without an accelerator the ring's
+    buffers are not pinned, but their reuse is the same."""
+    from zerobatch_core import write_batch_file
+
+    path = tmp_path / "wide.batch"
+    tokens = np.arange(4 * 20 * 8, dtype=np.uint64).reshape(80, 8) * 53_687_091 + 7
+    write_batch_file(path, (tokens % 2**32).astype(np.uint32), 4, seed=3)
+    want = core_items(path, dtype=dtype, next_token=next_token)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no accelerator here: "batches are not pinned"
+        loader = TorchBatchLoader(
+            path, dtype=dtype, next_token=next_token, device="cpu", pin_memory=True, **ORDER
+        )
+    ring = loader.ring
+    assert ring is not None and loader.loader.dtype == "int32"  # no conversion on the host
+    got = list(loader)
+    if dtype == "int32":  # ids of 2**31 and above are negative as int32, as on the host
+        want = [tuple(w) if next_token else w for w in want]
+    assert_same_items(torch_items(got), want)
+    fields = 2 if next_token else 1
+    assert ring.allocations == fields * ring.slots < len(got)  # not one per batch
+    width = 7 if next_token else 8
+    assert ring.bytes_sent == len(got) * fields * 4 * width * 4  # int32: 4 bytes a token
+    assert all(b.dtype == torch.uint8 for bufs in ring.buffers.values() for b in bufs)
+    before = {k: [b.data_ptr() for b in v] for k, v in ring.buffers.items()}
+    assert len(list(loader)) == len(got)  # a second epoch: the same buffers, no new ones
+    assert {k: [b.data_ptr() for b in v] for k, v in ring.buffers.items()} == before
+    assert ring.allocations == fields * ring.slots
+
+
+def test_staging_ring_reuses_its_buffers_and_grows_only_for_larger_tensors() -> None:
+    from zerobatch_adapters.torch import StagingRing
+
+    ring = StagingRing(torch.device("cpu"), 3, pin=False)
+    sent = [torch.arange(k, k + 12, dtype=torch.int32).reshape(3, 4)[:, :3] for k in range(10)]
+    moved = [ring.send("tokens", t) for t in sent]
+    for m, t in zip(moved, sent, strict=True):  # copies: reusing a buffer changes none of them
+        assert torch.equal(m, t) and m.is_contiguous()
+    assert ring.allocations == 3 and len({b.data_ptr() for b in ring.buffers["tokens"]}) == 3
+    ring.send("tokens", torch.zeros(5, 5, dtype=torch.int64))  # larger: that slot grows
+    assert ring.allocations == 4
+    ring.send("labels", torch.zeros(2, dtype=torch.int64))  # each field has its own slots
+    assert ring.allocations == 5 and ring.bytes_sent == 10 * 9 * 4 + 25 * 8 + 16
