@@ -58,10 +58,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zerobatch_core import (
-    BatchFileReader,
-    BatchNativeLoader,
     BatchStream,
-    DatasetReader,
     OutputDType,
     Source,
     Stage,
@@ -70,7 +67,7 @@ from zerobatch_core import (
 )
 from zerobatch_core.loader import LabelDType
 
-from .torch_transfer import READONLY_PROBE, StagingRing, ignore_readonly_warning, shipped
+from .torch_transfer import READONLY_PROBE, StagingRing, ignore_readonly_warning, ship
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -252,7 +249,7 @@ class TorchBatchDataset(_TorchStream, IterableDataset[TorchItem]):
 
     def __iter__(self) -> Iterator[TorchItem]:
         items = super().__iter__()
-        return items if get_worker_info() is None else _ship(self.loader, items)
+        return items if get_worker_info() is None else ship(self.loader, items, NextTokenBatch)
 
 
 class TorchBatchLoader(_TorchStream):
@@ -352,39 +349,3 @@ def _map_tensors(item: TorchItem, fn: Callable[[torch.Tensor], torch.Tensor]) ->
     if isinstance(item, NextTokenBatch):
         return NextTokenBatch(fn(item.inputs), fn(item.labels))
     return fn(item)
-
-
-def _ship(loader: BatchNativeLoader, items: Iterator[TorchItem]) -> Iterator[TorchItem]:
-    """A worker's items, each tensor a ``Shipped`` that knows the region of the file it holds
-    (steps of one stored batch and one column range; other steps travel as bytes)."""
-    source, rows = loader.source, loader.rows
-    lo, hi = loader.columns[0]
-    columns = {"tokens": (lo, hi), "inputs": (lo, hi), "labels": (lo + 1, hi + 1)}
-    whole = loader.global_batch_size == source.batch_size and len(loader.columns) == 1
-    order: tuple[int, Any] = (-1, None)
-    position = loader.after(loader.position, 0)  # the first item's step; then the cursor's
-    for item in items:
-        following, (epoch, step) = loader.position, position
-        slot: tuple[BatchFileReader, int] | None = None
-        if whole:
-            if order[0] != epoch:
-                order = (epoch, loader.epoch_order(epoch))
-            index = int(order[1][step])
-            if isinstance(source, DatasetReader):
-                shard, local = source.locate(index)
-                slot = source.shard(shard), local
-            else:
-                slot = source, index
-
-        def mark(key: str, tensor: torch.Tensor, slot: Any = slot) -> torch.Tensor:
-            if slot is None or key not in columns:
-                return shipped(tensor)
-            return shipped(tensor, slot[0], slot[1], rows, columns[key])
-
-        if isinstance(item, dict):
-            yield {key: mark(key, t) for key, t in item.items()}
-        elif isinstance(item, NextTokenBatch):
-            yield NextTokenBatch(mark("inputs", item.inputs), mark("labels", item.labels))
-        else:
-            yield mark("tokens", item)
-        position = following

@@ -26,13 +26,20 @@ import os
 import re
 import threading
 import warnings
+from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
 import torch
 
-from zerobatch_core import BatchFileReader, ZeroBatchIOError, int_arg
+from zerobatch_core import (
+    BatchFileReader,
+    BatchNativeLoader,
+    DatasetReader,
+    ZeroBatchIOError,
+    int_arg,
+)
 from zerobatch_core.buffers import BufferPool, convert_into
 
 _READONLY_MESSAGE = "The given NumPy array is not writable"
@@ -131,6 +138,43 @@ def shipped(
         where = (index, rows.start, rows.stop, c0, c1)
         out._zb_where = (reader.path, file_identity(reader.path), *where)
     return out
+
+
+def ship(loader: BatchNativeLoader, items: Iterator[Any], pair: type[Any]) -> Iterator[Any]:
+    """A worker's items (tensors, ``pair(inputs, labels)`` or dicts), each tensor a ``Shipped``
+    that knows the region of the file it holds (steps of one stored batch and one column range;
+    other steps travel as bytes)."""
+    source, rows = loader.source, loader.rows
+    lo, hi = loader.columns[0]
+    columns = {"tokens": (lo, hi), "inputs": (lo, hi), "labels": (lo + 1, hi + 1)}
+    whole = loader.global_batch_size == source.batch_size and len(loader.columns) == 1
+    order: tuple[int, Any] = (-1, None)
+    position = loader.after(loader.position, 0)  # the first item's step; then the cursor's
+    for item in items:
+        following, (epoch, step) = loader.position, position
+        slot: tuple[BatchFileReader, int] | None = None
+        if whole:
+            if order[0] != epoch:
+                order = (epoch, loader.epoch_order(epoch))
+            index = int(order[1][step])
+            if isinstance(source, DatasetReader):
+                shard, local = source.locate(index)
+                slot = source.shard(shard), local
+            else:
+                slot = source, index
+
+        def mark(key: str, tensor: torch.Tensor, slot: Any = slot) -> torch.Tensor:
+            if slot is None or key not in columns:
+                return shipped(tensor)
+            return shipped(tensor, slot[0], slot[1], rows, columns[key])
+
+        if isinstance(item, dict):
+            yield {key: mark(key, t) for key, t in item.items()}
+        elif isinstance(item, pair):
+            yield pair(mark("inputs", item[0]), mark("labels", item[1]))
+        else:
+            yield mark("tokens", item)
+        position = following
 
 
 class Shipped(torch.Tensor):
