@@ -391,6 +391,12 @@ class BatchNativeLoader:
     def _indices(self, epoch: int, start: int) -> Iterator[int]:
         """Stored batch indices from position ``start`` on; each next block is read ahead and
         its file checked once (a file truncated since it was opened raises here)."""
+        for block in self._blocks(epoch, start):
+            yield from block
+
+    def _blocks(self, epoch: int, start: int) -> Iterator[range]:
+        """The stored indices of each block from position ``start`` on, the next block read
+        ahead while one is served and each block's file checked before it is."""
         spans = self.order.spans(epoch, start)
         current = next(spans, None)
         if current is not None:
@@ -400,7 +406,7 @@ class BatchNativeLoader:
             upcoming = next(spans, None)
             if upcoming is not None:  # read the next block while this one is served
                 self.source.read_ahead(upcoming.start, upcoming.stop)
-            yield from range(current.start, current.stop)
+            yield range(current.start, current.stop)
             if upcoming is not None:
                 self._check_size(upcoming.start)
             current = upcoming
@@ -481,6 +487,13 @@ class BatchNativeLoader:
         """Runs on the stage's thread: lists of ``(item, step after it)`` for runs of at most
         ``CHUNK_STEPS`` steps whose stored batches are evenly spaced (consecutive in a block,
         or a worker's share of it), each run converted with one copy."""
+        if self._stride == 1 and not self.skip_steps:  # every step served: cut blocks in runs
+            for block in self._blocks(epoch, step):
+                for first in range(block.start, block.stop, CHUNK_STEPS):
+                    k = min(CHUNK_STEPS, block.stop - first)
+                    yield self._make_chunk([(first + j, step + j + 1) for j in range(k)])
+                    step += k
+            return
         run: list[tuple[int, int]] = []  # (stored index, step after it)
         for pieces, step_after in self._pieces(epoch, step, owned):
             index = pieces[0][0]
@@ -514,9 +527,14 @@ class BatchNativeLoader:
             regions = [source.read_batch(i)[rows, lo:end] for i, _ in run]
             for j, region in enumerate(regions):
                 np.copyto(chunk[j], region[:, c0 - lo :], casting="safe")
+        after = [step_after for _, step_after in run]
+        if regions is None:  # int64 tokens, or int64 pairs: views made by NumPy in one go
+            pairs = self._labels_pool is not None
+            items = zip(chunk[:, :, :-1], chunk[:, :, 1:], strict=True) if pairs else chunk
+            return list(zip(items, after, strict=True))
         return [
-            (self._chunk_item(None if regions is None else regions[j], chunk[j]), step_after)
-            for j, (_, step_after) in enumerate(run)
+            (self._chunk_item(regions[j], chunk[j]), step_after)
+            for j, step_after in enumerate(after)
         ]
 
     def _chunk_item(self, region: U32Batch | None, converted: npt.NDArray[np.int64]) -> Item:
