@@ -69,6 +69,7 @@ from zerobatch_core import (
     rank_rows,
     resolve_rank_world,
 )
+from zerobatch_core.remote import RemoteSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -404,7 +405,7 @@ class JaxBatchIterator(BatchStream[Any]):
 
     def _slicing(
         self,
-        reader: BatchFileReader | DatasetReader,
+        reader: BatchFileReader | DatasetReader | RemoteSource,
         layout: Layout,
         next_token: bool,
         global_batch_size: int | None,

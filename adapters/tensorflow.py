@@ -62,6 +62,7 @@ from zerobatch_core import (
     StreamOptions,
     int_arg,
 )
+from zerobatch_core.remote import RemoteSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -128,6 +129,8 @@ class TFBatchDataset(BatchStream[Any]):
 
     def _native(self) -> bool:
         loader = self.loader
+        if not isinstance(loader.source, (BatchFileReader, DatasetReader)):
+            return False  # remote and live sources: the core loader's range reads
         verified = isinstance(loader.source, DatasetReader) and loader.source.verify != "off"
         simple = loader.global_batch_size == loader.source.batch_size
         return simple and len(loader.columns) == 1 and not loader.skip_steps and not verified
@@ -193,6 +196,7 @@ class TFBatchDataset(BatchStream[Any]):
         if not finish_open_pass:
             position = loader.next_pass(position)
         source = loader.source
+        assert not isinstance(source, RemoteSource)  # _native: local sources only
         first_epoch, first_step = position
         n, batch_size, seq_len = source.num_batches, source.batch_size, source.seq_len
         rows, order, bos = loader.rows, loader.order, loader.bos_id

@@ -148,6 +148,7 @@ def ship(loader: BatchNativeLoader, items: Iterator[Any], pair: type[Any]) -> It
     lo, hi = loader.columns[0]
     columns = {"tokens": (lo, hi), "inputs": (lo, hi), "labels": (lo + 1, hi + 1)}
     whole = loader.global_batch_size == source.batch_size and len(loader.columns) == 1
+    whole = whole and isinstance(source, (BatchFileReader, DatasetReader))  # remote: as bytes
     order: tuple[int, Any] = (-1, None)
     position = loader.after(loader.position, 0)  # the first item's step; then the cursor's
     for item in items:
@@ -160,7 +161,7 @@ def ship(loader: BatchNativeLoader, items: Iterator[Any], pair: type[Any]) -> It
             if isinstance(source, DatasetReader):
                 shard, local = source.locate(index)
                 slot = source.shard(shard), local
-            else:
+            elif isinstance(source, BatchFileReader):
                 slot = source, index
 
         def mark(key: str, tensor: torch.Tensor, slot: Any = slot) -> torch.Tensor:

@@ -35,12 +35,14 @@ from zerobatch_spec import TOKEN_BYTES, U32_MAX, U64_MAX, build_header
 
 from .arguments import int_arg
 from .buffers import BufferPool, ChunkStage, convert_into
-from .dataset import DatasetReader, Verify, open_source
+from .dataset import DatasetReader, Verify
 from .documents import document_layout
 from .errors import StateError
 from .order import BlockOrder, Order
 from .reader import BatchFileReader
+from .remote import Region, RemoteSource, RemoteVerify
 from .slicing import Slicing
+from .sources import open_reader
 
 OutputDType = Literal["uint32", "int32", "int64"]
 LabelDType = Literal["int64", "uint32"]
@@ -64,7 +66,7 @@ CHUNK_SPARE = 4
 """Chunk buffers pooled beyond ``CHUNK_DEPTH``: the one being filled, the caller's current
 chunk, and chunks whose last items a caller or a device stage still holds."""
 
-Source = BatchFileReader | DatasetReader
+Source = BatchFileReader | DatasetReader | RemoteSource
 Piece = tuple[int, int, int]  # stored batch index, first row, end row
 
 
@@ -108,9 +110,12 @@ def source_identity(source: Source) -> dict[str, Any]:
     A dataset: its manifest's digest. A file: its size, its header's XXH3-64 and the XXH3-64 of
     the first tokens of ``FINGERPRINT_SLOTS`` evenly spaced slots (a few pages, read once).
     """
-    if isinstance(source, DatasetReader):
+    if isinstance(source, DatasetReader) or (
+        isinstance(source, RemoteSource) and source.header is None
+    ):
         return source.identity()
     h, n = source.header, source.num_batches
+    assert h is not None  # a file (datasets returned above)
     sample = xxhash.xxh3_64()
     for i in sorted({i * n // FINGERPRINT_SLOTS for i in range(FINGERPRINT_SLOTS)} if n else ()):
         first = source.read_batch(i).reshape(-1)[:FINGERPRINT_TOKENS]
@@ -128,7 +133,9 @@ class BatchNativeLoader:
     """Iterate a file's or a dataset's batches in block-shuffled order, one epoch per pass.
 
     ``path`` is an LLMBATCH file, a dataset directory (``dataset.py``; ``verify`` sets its
-    checksum checks) or an open reader of either. ``dtype`` picks the output: ``"uint32"``
+    checksum checks), a URL or a live dataset (``sources.open_reader``: ``s3://``, ``gs://``,
+    ``az://``, ``http(s)://``, ``file://``; read as byte ranges of this rank's share, see
+    ``remote.py``) or an open reader of any of them. ``dtype`` picks the output: ``"uint32"``
     (zero-copy view, the default), ``"int32"`` (zero-copy view, exact for ids below 2**31) or
     ``"int64"`` (a copy per batch, in an array reused only once nothing refers to the previous
     batch made in it). ``seed`` defaults to the file's (or the dataset's) seed.
@@ -198,7 +205,7 @@ class BatchNativeLoader:
         global_batch_size: int | None = None,
         skip_steps: Iterable[Sequence[int]] = (),
         slicing: Slicing | None = None,
-        verify: Verify | None = None,
+        verify: Verify | RemoteVerify | None = None,
         label_dtype: LabelDType = "int64",
     ) -> None:
         if dtype not in OUTPUT_DTYPES:
@@ -210,11 +217,11 @@ class BatchNativeLoader:
         if slicing is None:
             slicing = Slicing(rank, world_size, context_rank, context_size, 1, bool(zigzag))
         self.skip_steps = normalize_skips(skip_steps)
-        opened = not isinstance(path, (BatchFileReader, DatasetReader))
+        opened = not isinstance(path, (BatchFileReader, DatasetReader, RemoteSource))
         source = (
             path
-            if isinstance(path, (BatchFileReader, DatasetReader))
-            else open_source(path, verify=verify)
+            if isinstance(path, (BatchFileReader, DatasetReader, RemoteSource))
+            else open_reader(path, verify=verify)
         )
         self.source = self.reader = source
         try:
@@ -244,7 +251,7 @@ class BatchNativeLoader:
         self.seed = source.seed if seed is None else seed
         self.order: Order = (
             source.order(block_size, self.seed, self.shuffle)
-            if isinstance(source, DatasetReader)
+            if isinstance(source, (DatasetReader, RemoteSource))
             else BlockOrder(source.num_batches, block_size, self.seed, self.shuffle)
         )
         self._epoch, self._step = epoch, 0
@@ -276,6 +283,8 @@ class BatchNativeLoader:
         # Simple steps that convert are made by a ChunkStage: the converted columns of a step's
         # rows, i.e. its region plus the labels' extra token, or the labels alone for views.
         self._chunked = self._simple and (self.dtype == "int64" or wide_labels)
+        if isinstance(self.source, RemoteSource):  # fetches dominate: convert on the caller
+            self._chunked = False
         lo, hi = self.columns[0]
         extra = 1 if wide_labels else 0
         self._chunk_columns = (lo + (extra if self.dtype != "int64" else 0), hi + extra)
@@ -443,7 +452,7 @@ class BatchNativeLoader:
             yield from self._chunked_pass(serial, epoch, step, owned)
         elif step < n:
             views = self._all_views()
-            for pieces, step_after in self._pieces(epoch, step, owned):
+            for pieces, step_after in self._ahead(self._pieces(epoch, step, owned)):
                 if self._serial != serial or self._epoch != epoch:
                     return
                 if views is not None:
@@ -634,10 +643,30 @@ class BatchNativeLoader:
         extra = 1 if self.next_token else 0
         out = []
         for lo, hi in self.columns:
-            parts = [self.source.read_batch(i)[r0:r1, lo : hi + extra] for i, r0, r1 in pieces]
+            parts = [self._read_region(i, r0, r1, lo, hi + extra) for i, r0, r1 in pieces]
             out.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
         self.bytes_read += self.bytes_per_step
         return out
+
+    def _read_region(self, index: int, r0: int, r1: int, lo: int, hi: int) -> U32Batch:
+        """Rows ``r0..r1``, columns ``lo..hi`` of stored batch ``index``: a view of a local
+        source's batch; a remote source fetches just those bytes (``remote.py``)."""
+        if isinstance(self.source, RemoteSource):
+            return self.source.read_region(index, r0, r1, lo, hi)
+        return self.source.read_batch(index)[r0:r1, lo:hi]
+
+    def _ahead(self, steps: Iterator[tuple[list[Piece], int]]) -> Iterator[tuple[list[Piece], int]]:
+        """The steps as they come; a remote source is handed each step's regions first, so it
+        fetches them ahead of the loop (``RemoteSource.ahead``)."""
+        if not isinstance(self.source, RemoteSource):
+            return steps
+        extra = 1 if self.next_token else 0
+
+        def regions(step: tuple[list[Piece], int]) -> list[Region]:
+            pieces = step[0]
+            return [(i, r0, r1, lo, hi + extra) for lo, hi in self.columns for i, r0, r1 in pieces]
+
+        return self.source.ahead(steps, regions)
 
     def _item(self, pieces: list[Piece]) -> Item:
         regions = self._regions(pieces)

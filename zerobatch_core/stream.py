@@ -44,7 +44,7 @@ import numpy.typing as npt
 
 from .arguments import int_arg
 from .buffers import stop_at_exit
-from .dataset import DatasetReader, Verify, open_source
+from .dataset import DatasetReader, Verify
 from .distributed import resolve_rank_world
 from .errors import StateError
 from .loader import (
@@ -57,7 +57,9 @@ from .loader import (
     Position,
 )
 from .reader import BatchFileReader
+from .remote import RemoteSource, RemoteVerify
 from .slicing import Slicing
+from .sources import READER_TYPES, open_reader
 
 if TYPE_CHECKING:
     pass
@@ -76,7 +78,7 @@ DEFAULT_PREFETCH = 2
 LAYOUT_KEYS = ("segment_ids", "positions", "cu_seqlens")
 """Document-layout fields of a ``bos_id`` item, after its tokens (or inputs and labels)."""
 
-Source = str | os.PathLike[str] | BatchFileReader | DatasetReader
+Source = str | os.PathLike[str] | BatchFileReader | DatasetReader | RemoteSource
 
 
 class Layout(NamedTuple):
@@ -112,7 +114,7 @@ class StreamOptions(TypedDict, total=False):
     zigzag: bool
     global_batch_size: int | None
     skip_steps: Iterable[Sequence[int]]
-    verify: Verify | None
+    verify: Verify | RemoteVerify | None
 
 
 class BatchStream(Generic[T]):
@@ -121,15 +123,18 @@ class BatchStream(Generic[T]):
     Used directly it is the NumPy adapter: items are the core loader's arrays (views for
     ``uint32``/``int32``, pooled copies for ``int64``). Framework adapters subclass it.
 
-    ``source`` is an LLMBATCH file, a dataset directory, or an open reader of either (left
-    open by ``close``). ``rank`` and ``world_size`` (give both or neither) are this reader's
-    data-parallel coordinates: by default they come from the framework (an initialised process
-    group), else from ``RANK`` and ``WORLD_SIZE`` in the environment, else one rank.
+    ``source`` is an LLMBATCH file, a dataset directory, a URL (``s3://``, ``gs://``,
+    ``az://``, ``http(s)://``, ``file://``) of either, a live dataset, or an open reader of any
+    of them (left open by ``close``). ``rank`` and ``world_size`` (give both or neither) are
+    this reader's data-parallel coordinates: by default they come from the framework (an
+    initialised process group), else from ``RANK`` and ``WORLD_SIZE`` in the environment, else
+    one rank.
     ``context_rank`` and ``context_size`` (context parallelism, with ``zigzag`` for the
     load-balanced causal split) likewise default to the framework's, else one. ``prefetch`` is
     how many items are prepared ahead of the loop where the adapter has work to do ahead
     (device copies); ``0`` prepares nothing ahead. ``global_batch_size``, ``skip_steps`` and
-    ``verify`` (a dataset's checksum checks: ``"off"``, ``"first"``, ``"always"``), and the
+    ``verify`` (a dataset's checksum checks: ``"off"``, ``"first"``, ``"always"``, and for
+    remote sources ``"whole"``, their default: see ``remote.py``), and the
     other arguments, are ``BatchNativeLoader``'s.
     """
 
@@ -159,7 +164,7 @@ class BatchStream(Generic[T]):
         zigzag: bool = False,
         global_batch_size: int | None = None,
         skip_steps: Iterable[Sequence[int]] = (),
-        verify: Verify | None = None,
+        verify: Verify | RemoteVerify | None = None,
     ) -> None:
         if dtype not in self.dtypes:
             raise ValueError(
@@ -167,11 +172,7 @@ class BatchStream(Generic[T]):
                 f"{type(self).__name__}, got {dtype!r}"
             )
         self.prefetch = int_arg("prefetch", prefetch, 0)
-        reader = (
-            source
-            if isinstance(source, (BatchFileReader, DatasetReader))
-            else open_source(source, verify=verify)
-        )
+        reader = source if isinstance(source, READER_TYPES) else open_reader(source, verify=verify)
         self._owns_reader = reader is not source
         try:
             layout = Layout(rank, world_size, context_rank, context_size, bool(zigzag))
@@ -236,7 +237,7 @@ class BatchStream(Generic[T]):
 
     def _slicing(
         self,
-        reader: BatchFileReader | DatasetReader,
+        reader: BatchFileReader | DatasetReader | RemoteSource,
         layout: Layout,
         next_token: bool,
         global_batch_size: int | None,

@@ -1,0 +1,375 @@
+"""``LiveProducer``: append global batches to a live dataset and commit them exactly once.
+
+Many producers, on many machines, append to one live dataset (``SPEC.md`` sections 16-19) with
+no coordinator and no messages between them: the store's conditional create is the only
+shared primitive.
+
+* ``append(batches)`` writes one immutable LLMBATCH object holding the next global batches of
+  this producer's stream (``[batch_size, seq_len]`` each) under a name no other write uses.
+  Nothing is visible yet.
+* ``commit()`` publishes what was appended: it builds manifest version ``v + 1`` from the
+  newest version ``v`` it knows (its entries appended, its offset advanced:
+  ``zerobatch_spec.live.commit_entries``), and creates it only if no version ``v + 1`` exists.
+  If another producer got there first, it reads the winner, rebases on it and tries again; a
+  version that already holds some of its items (a restart, a zombie twin) makes it drop them.
+  When to attempt a commit is the cadence's decision (``commit_cadence.py``: adaptive by
+  default); ``append`` commits by itself when the cadence says so, and ``close`` commits the
+  rest.
+* Exactly once across restarts: the manifest records each producer's committed offset. A
+  producer opened with the same ``producer_id`` starts at that offset (``offset``), so the
+  caller resumes its stream there: items committed before a crash are never appended again,
+  items appended but not committed are appended again under new names (the old objects are
+  never referenced and retention deletes them).
+
+Before the first commit, the store is probed: a conditional create of a fresh key must succeed
+and a second one of the same key must fail. A store that lets both succeed (some
+S3-compatible services ignore ``If-None-Match``) would let two producers overwrite each
+other's versions, so ``LiveProducer`` refuses it with ``ConditionalCreateUnsupportedError``.
+"""
+
+from __future__ import annotations
+
+import errno
+import secrets
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+from zerobatch_spec import (
+    HEADER_SIZE,
+    TOKEN_DTYPE,
+    U32_MAX,
+    Header,
+    build_header,
+    slot_words,
+)
+from zerobatch_spec.live import (
+    DEFAULT_SEGMENT_SIZE,
+    DESCRIPTOR_NAME,
+    MANIFESTS_PREFIX,
+    CommitConflictError,
+    Descriptor,
+    Entry,
+    LiveViolation,
+    batch_name,
+    build_descriptor,
+    build_live_manifest,
+    check_producer_id,
+    commit_entries,
+    empty_manifest,
+    manifest_name,
+    parse_descriptor,
+    seal,
+)
+
+from .arguments import int_arg
+from .commit_cadence import Cadence, make_cadence
+from .errors import ZeroBatchError
+from .live_manifests import LiveError, ManifestChain
+from .storage import Store, StoreError, open_store
+
+PROBE_PREFIX = "probes/"
+
+
+class ConditionalCreateUnsupportedError(ZeroBatchError, OSError):
+    """The store let a second conditional create of the same key succeed."""
+
+
+def probe_conditional_create(store: Store) -> None:
+    """Check that ``store`` honours conditional creates, or raise
+    ``ConditionalCreateUnsupportedError`` saying why live mode cannot use it."""
+    key = f"{PROBE_PREFIX}{secrets.token_hex(16)}"
+    try:
+        first = store.create(key, b"first")
+        second = store.create(key, b"second")
+        kept = store.read(key) if first and not second else b""
+    finally:
+        store.delete(key)
+    if not first or second or kept != b"first":
+        raise ConditionalCreateUnsupportedError(
+            errno.ENOTSUP,
+            "the store does not honour conditional creates (a second create of the same key "
+            f"{'succeeded' if second else 'did not behave as one'}): two producers could "
+            "overwrite each other's manifest versions, so live datasets refuse this store "
+            "(on S3-compatible services, PutObject must answer If-None-Match: * with 412)",
+            store.url,
+        )
+
+
+def encode_batches(batches: npt.NDArray[Any], seed: int = 0) -> bytes:
+    """An LLMBATCH file holding ``batches`` (``[n, batch_size, seq_len]`` uint32), as bytes."""
+    n, b, t = batches.shape
+    words = slot_words(b, t)
+    body = np.zeros((n, words), dtype=TOKEN_DTYPE)
+    body[:, : b * t] = batches.reshape(n, b * t)
+    header = build_header(Header(b, t, n, seed, n * b))
+    return header + body.tobytes()
+
+
+@dataclass
+class CommitStats:
+    """What a producer's commits did: attempts, successes, conflicts and time in manifest I/O."""
+
+    attempts: int = 0
+    commits: int = 0
+    conflicts: int = 0
+    batches: int = 0
+    manifest_seconds: float = 0.0
+    windows: list[float] = field(default_factory=list)
+
+
+class LiveProducer:
+    """One producer of a live dataset (see the module docstring).
+
+    ``dataset`` is a URL, a path or a ``Store``. A dataset that does not exist yet is created
+    with ``batch_size``, ``seq_len`` and ``seed`` (which must then be given); an existing one
+    must have that shape if they are given. ``producer_id`` names this producer's stream
+    (1-64 of ``A-Z a-z 0-9 _ -``): it must be stable across restarts and unique among the
+    producers running at once. ``cadence`` is ``"adaptive"`` (DAC), ``k`` (commit every ``k``
+    appends) or a ``commit_cadence.Cadence``. ``probe=False`` skips the conditional-create
+    probe (for stores already probed).
+
+    >>> run = "s3://bucket/run"
+    >>> with LiveProducer(run, "prep-0", batch_size=32, seq_len=512) as p:  # doctest: +SKIP
+    ...     for batch in produce(start=p.offset):
+    ...         p.append(batch)
+    """
+
+    def __init__(
+        self,
+        dataset: str | Store,
+        producer_id: str,
+        *,
+        batch_size: int | None = None,
+        seq_len: int | None = None,
+        seed: int = 0,
+        cadence: Cadence | int | str = "adaptive",
+        segment_size: int = DEFAULT_SEGMENT_SIZE,
+        probe: bool = True,
+    ) -> None:
+        self.producer_id = check_producer_id(producer_id)
+        self.store = open_store(dataset)
+        self.cadence = make_cadence(cadence)
+        self.stats = CommitStats()
+        if probe:
+            probe_conditional_create(self.store)
+        self.descriptor = open_or_create(
+            self.store, batch_size, seq_len, seed, segment_size, producer_id
+        )
+        self.chain = ManifestChain(self.store, self.descriptor)
+        self.base = self.chain.latest()
+        state = self.base.producers.get(self.producer_id)
+        self.offset = state.offset if state else 0
+        """The stream offset of the next item ``append`` takes: where a restart resumes."""
+        self.committed = self.offset
+        """The stream offset up to which this producer's items are committed."""
+        self._pending: list[Entry] = []
+        self._closed = False
+
+    @property
+    def batch_size(self) -> int:
+        return self.descriptor.batch_size
+
+    @property
+    def seq_len(self) -> int:
+        return self.descriptor.seq_len
+
+    @property
+    def pending(self) -> int:
+        """Objects appended and not yet committed."""
+        return len(self._pending)
+
+    def append(self, batches: npt.ArrayLike) -> None:
+        """Append global batches (``[batch_size, seq_len]`` or ``[n, batch_size, seq_len]``,
+        token ids below 2**32) as one object, then commit if the cadence says so."""
+        if self._closed:
+            raise ValueError(f"{self.store.url}: producer {self.producer_id} is closed")
+        array = np.asarray(batches)
+        if array.ndim == 2:
+            array = array[np.newaxis]
+        b, t = self.batch_size, self.seq_len
+        if array.ndim != 3 or array.shape[1:] != (b, t) or array.shape[0] < 1:
+            raise ValueError(
+                f"append takes [{b}, {t}] or [n, {b}, {t}] batches, got shape {array.shape}"
+            )
+        if array.dtype.kind not in "ui" or (
+            array.size and (int(array.min()) < 0 or int(array.max()) > U32_MAX)
+        ):
+            raise ValueError(f"tokens must be integers in [0, 2**32 - 1], got {array.dtype}")
+        n = array.shape[0]
+        data = encode_batches(array.astype(TOKEN_DTYPE, copy=False))
+        key = batch_name(self.producer_id, self.offset, secrets.token_hex(8))
+        self.store.write(key, data)
+        slot = (len(data) - HEADER_SIZE) // n
+        starts = [HEADER_SIZE + i * slot for i in range(n)]
+        sums = tuple(_digest(data[s : s + slot]) for s in starts)
+        entry = Entry(
+            key,
+            0,
+            n,
+            self.producer_id,
+            self.offset,
+            0,
+            n * b,
+            len(data),
+            f"{xxhash.xxh3_64_intdigest(data[:HEADER_SIZE]):016x}",
+            sums,
+        )
+        self._pending.append(entry)
+        self.offset += n
+        if self.cadence.due(len(self._pending), time.monotonic()):
+            self.commit(retry=False)
+
+    def commit(self, *, retry: bool = True, timeout: float = 300.0) -> bool:
+        """Publish the pending objects: ``True`` once a manifest version holds them all.
+
+        With ``retry`` (the default), conflicts are rebased and retried until the commit lands
+        (or ``timeout`` seconds pass: ``LiveError``); without it, one attempt is made and a
+        conflict leaves the objects pending for the next (what ``append`` does).
+        """
+        deadline = time.monotonic() + timeout
+        while self._pending:
+            if self._attempt():
+                return True
+            if not retry:
+                return False
+            if time.monotonic() > deadline:
+                raise LiveError(
+                    f"{self.store.url}: producer {self.producer_id} could not commit in "
+                    f"{timeout:g} s ({self.stats.conflicts} conflicts)"
+                )
+            time.sleep(min(0.5, getattr(self.cadence, "gap", 0.0)))
+        return True
+
+    def _attempt(self) -> bool:
+        """One commit attempt on the newest known version; on conflict, rebase on the winner."""
+        started = time.monotonic()
+        try:
+            candidate, _ = commit_entries(
+                self.base, self.producer_id, self._pending, secrets.token_hex(8)
+            )
+        except CommitConflictError as e:
+            raise LiveError(f"{self.store.url}: {e}") from None
+        candidate, segments = seal(candidate, self.descriptor.segment_size, _digest)
+        for name, data in segments:
+            self.store.write(name, data)  # deterministic bytes: a racing twin writes the same
+        created = self.store.create(
+            manifest_name(candidate.version), build_live_manifest(candidate)
+        )
+        now = time.monotonic()
+        writers: list[str]
+        if created:
+            writers = [self.producer_id]
+            self.stats.commits += 1
+            self.stats.batches += candidate.batches - self.base.batches
+            self.base = candidate
+            self._pending.clear()
+        else:
+            newer = self.chain.after(self.base.version)
+            writers = [m.writer for m in newer]
+            self.base = newer[-1] if newer else self.chain.latest()
+            self.stats.conflicts += 1
+            state = self.base.producers.get(self.producer_id)
+            done = state.offset if state else 0
+            self._pending = [e for e in self._pending if e.offset + e.num_batches > done]
+        self.committed = (
+            self.base.producers[self.producer_id].offset
+            if (self.producer_id in self.base.producers)
+            else 0
+        )
+        window = now - started
+        self.stats.attempts += 1
+        self.stats.manifest_seconds += window
+        self.stats.windows.append(window)
+        self.cadence.observe(window, not created, writers, now)
+        return created
+
+    def close(self) -> None:
+        """Commit what is pending, then stop."""
+        if self._closed:
+            return
+        try:
+            self.commit()
+        finally:
+            self._closed = True
+            self.store.close()
+
+    def __enter__(self) -> LiveProducer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # leave uncommitted objects uncommitted: a restart appends them again
+            self._closed = True
+            self.store.close()
+
+
+def _digest(data: bytes) -> str:
+    return f"{xxhash.xxh3_64_intdigest(data):016x}"
+
+
+def open_or_create(
+    store: Store,
+    batch_size: int | None,
+    seq_len: int | None,
+    seed: int,
+    segment_size: int,
+    writer: str,
+) -> Descriptor:
+    """The dataset's descriptor, creating the dataset (descriptor and version 0) if needed."""
+    try:
+        data = store.read(DESCRIPTOR_NAME)
+    except FileNotFoundError:
+        if batch_size is None or seq_len is None:
+            raise LiveError(
+                f"{store.where(DESCRIPTOR_NAME)}: no live dataset here; give batch_size and "
+                "seq_len to create one"
+            ) from None
+        created = Descriptor(
+            int_arg("batch_size", batch_size, 1, U32_MAX),
+            int_arg("seq_len", seq_len, 1, U32_MAX),
+            int_arg("seed", seed, 0, 2**64 - 1),
+            secrets.token_hex(16),
+            int_arg("segment_size", segment_size, 1, 1 << 20),
+        )
+        if store.create(DESCRIPTOR_NAME, build_descriptor(created)):
+            zero = empty_manifest(created, writer, secrets.token_hex(8))
+            store.create(manifest_name(0), build_live_manifest(zero))
+        data = store.read(DESCRIPTOR_NAME)  # ours, or the one a racing producer created
+    found = parse_descriptor(data)
+    if isinstance(found, LiveViolation):
+        raise LiveError(
+            f"{store.where(DESCRIPTOR_NAME)}: {found.code.value}: {found.where}: {found.detail}"
+        )
+    if not store.list_keys(MANIFESTS_PREFIX):  # its creator died before version 0
+        zero = empty_manifest(found, writer, secrets.token_hex(8))
+        store.create(manifest_name(0), build_live_manifest(zero))
+    want = (batch_size, seq_len)
+    if (want[0] is not None and want[0] != found.batch_size) or (
+        want[1] is not None and want[1] != found.seq_len
+    ):
+        raise LiveError(
+            f"{store.where(DESCRIPTOR_NAME)}: the live dataset holds [{found.batch_size}, "
+            f"{found.seq_len}] batches, not {list(want)}"
+        )
+    return found
+
+
+__all__ = [
+    "CommitStats",
+    "ConditionalCreateUnsupportedError",
+    "LiveProducer",
+    "StoreError",
+    "encode_batches",
+    "probe_conditional_create",
+]

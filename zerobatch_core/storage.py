@@ -1,0 +1,506 @@
+"""Object stores: one small interface over local directories, object storage and fsspec.
+
+A ``Store`` is a flat namespace of immutable-once-written objects under one root, with the few
+operations ZeroBatch needs from object storage: whole reads, concurrent byte-range reads, sizes,
+writes, a *conditional create* (write only if the key does not exist yet: ``O_EXCL``/``link``
+on a file system, ``If-None-Match: *`` on S3-compatible stores), deletes and listings.
+
+``open_store(url)`` picks the implementation from the URL: a path or ``file://`` URL is a
+``LocalStore``; ``s3://``, ``gs://``, ``az://``, ``http://`` and ``https://`` use the Rust
+``object_store`` crate through ``obstore`` (``object_stores.ObstoreStore``, the optional
+``zerobatch[remote]`` extra); a configured ``fsspec`` filesystem is accepted as it is
+(``object_stores.FsspecStore``). Credentials come from each store's standard environment and
+configuration (for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+``AWS_REGION``, ``AWS_ENDPOINT_URL``, ...); ZeroBatch never stores, prints or logs them, and
+URLs in messages are shown without any user information.
+
+Every operation is retried with exponential backoff and jitter when the store throttles (S3
+``SlowDown``, HTTP 429/500/502/503/504) or the connection drops (``RetryPolicy``); the store
+counts requests, bytes and retries in ``stats`` so that callers can report them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import secrets
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .errors import ZeroBatchError, ZeroBatchIOError
+
+T = TypeVar("T")
+
+REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "http", "https")
+"""URL schemes served by object storage (``obstore``)."""
+
+URL_SCHEMES = ("file", *REMOTE_SCHEMES)
+"""Every URL scheme a source or a live dataset may be given as."""
+
+
+class StoreError(ZeroBatchError, OSError):
+    """A store operation that failed for good (after its retries), naming the store and key."""
+
+
+class RetriesExhaustedError(StoreError):
+    """A retryable failure (throttling, a dropped connection) that outlasted ``RetryPolicy``."""
+
+
+def is_url(source: object) -> bool:
+    """Whether ``source`` is a string that names a URL scheme ZeroBatch opens (``s3://`` ...)."""
+    if not isinstance(source, str) or "://" not in source:
+        return False
+    return source.split("://", 1)[0].lower() in URL_SCHEMES
+
+
+def redact(url: str) -> str:
+    """``url`` without user information or query (credentials never reach a message)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def join_url(base: str, key: str) -> str:
+    """``base`` and a key below it, joined with one ``/``."""
+    return f"{base.rstrip('/')}/{key}" if key else base
+
+
+@dataclass
+class RetryPolicy:
+    """Exponential backoff with full jitter: attempt ``k`` (from 0) sleeps a random time in
+    ``[0, min(cap, base * 2**k)]`` before retrying, for at most ``attempts`` attempts.
+
+    The defaults ride out a few seconds of throttling (S3 asks clients to slow down rather
+    than fail) without hanging a training step for minutes.
+    """
+
+    attempts: int = 10
+    base: float = 0.02
+    cap: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt + 1``."""
+        return random.uniform(0.0, min(self.cap, self.base * (2.0**attempt)))
+
+
+class StoreStats:
+    """Counters of one store's traffic (thread-safe): requests, bytes in and out, retries."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.retries = 0
+        self.retry_reasons: dict[str, int] = {}
+
+    def add(self, requests: int = 0, read: int = 0, written: int = 0) -> None:
+        """Count ``requests`` requests that moved ``read`` and ``written`` bytes."""
+        with self._lock:
+            self.requests += requests
+            self.bytes_read += read
+            self.bytes_written += written
+
+    def retried(self, reason: str) -> None:
+        """Count one retry, by a short reason (``"503"``, ``"connection"``, ...)."""
+        with self._lock:
+            self.retries += 1
+            self.retry_reasons[reason] = self.retry_reasons.get(reason, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters as plain values."""
+        with self._lock:
+            return {
+                "requests": self.requests,
+                "bytes_read": self.bytes_read,
+                "bytes_written": self.bytes_written,
+                "retries": self.retries,
+                "retry_reasons": dict(self.retry_reasons),
+            }
+
+
+class Store:
+    """Objects under one root, addressed by ``/``-separated keys (see the module docstring).
+
+    Subclasses implement the ``_``-prefixed operations and ``_retry_reason``; this class adds
+    the retries, the counters and error messages that name the store and the key.
+    """
+
+    url: str
+    """The store's root, as given (user information removed)."""
+
+    def __init__(self, url: str, retry: RetryPolicy | None = None) -> None:
+        self.url = redact(url) if "://" in url else url
+        self.retry = retry or RetryPolicy()
+        self.stats = StoreStats()
+
+    # -- the interface ---------------------------------------------------------------------
+    def read(self, key: str) -> bytes:
+        """The whole object ``key``; ``FileNotFoundError`` if there is none."""
+        data = self._call("read", key, lambda: self._read(key))
+        self.stats.add(1, read=len(data))
+        return data
+
+    def read_ranges(
+        self, key: str, ranges: Sequence[tuple[int, int]], coalesce: int = 0
+    ) -> list[bytes]:
+        """The bytes ``[start, end)`` of each range of object ``key``, fetched concurrently
+        where the store can. Ranges less than ``coalesce`` bytes apart may be fetched as one
+        request (fewer requests, but the gaps' bytes are fetched too); ``0`` fetches exactly
+        the ranges."""
+        if not ranges:
+            return []
+        parts = self._call("read_ranges", key, lambda: self._read_ranges(key, ranges, coalesce))
+        for (start, end), part in zip(ranges, parts, strict=True):
+            if len(part) != end - start:
+                raise StoreError(
+                    errno.EIO,
+                    f"range [{start}, {end}) returned {len(part)} bytes (object shorter than "
+                    "expected, or changed)",
+                    self.where(key),
+                )
+        self.stats.add(len(ranges), read=sum(len(p) for p in parts))
+        return parts
+
+    def size(self, key: str) -> int:
+        """Size in bytes of object ``key``; ``FileNotFoundError`` if there is none."""
+        value = self._call("size", key, lambda: self._size(key))
+        self.stats.add(1)
+        return value
+
+    def exists(self, key: str) -> bool:
+        """Whether object ``key`` exists."""
+        try:
+            self.size(key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def write(self, key: str, data: bytes) -> None:
+        """Write ``data`` as object ``key``, replacing any object there (atomically)."""
+        self._call("write", key, lambda: self._write(key, data))
+        self.stats.add(1, written=len(data))
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Write ``data`` as object ``key`` only if no object ``key`` exists: ``True`` if this
+        call created it, ``False`` if the key was taken.
+
+        A retry after a dropped connection can find the object its own first attempt wrote; it
+        then reads the object back and reports ``True`` if the bytes are the ones sent. Callers
+        therefore make what they create conditionally unique (live manifests carry their
+        writer's id and a random nonce), so equal bytes mean this call's own write.
+        """
+        tried = False
+
+        def attempt() -> bool:
+            nonlocal tried
+            first, tried = not tried, True
+            if self._create(key, data):
+                return True
+            if first:
+                return False
+            try:
+                return self._read(key) == data
+            except FileNotFoundError:
+                return False
+
+        created = self._call("create", key, attempt)
+        self.stats.add(1, written=len(data))
+        return created
+
+    def delete(self, key: str) -> None:
+        """Delete object ``key``; deleting a missing object is not an error (idempotent)."""
+        self._call("delete", key, lambda: self._delete(key))
+        self.stats.add(1)
+
+    def list_keys(self, prefix: str = "") -> list[str]:
+        """Keys of every object whose key starts with ``prefix``, sorted."""
+        keys = self._call("list", prefix, lambda: self._list(prefix))
+        self.stats.add(1)
+        return sorted(keys)
+
+    def where(self, key: str) -> str:
+        """The URL (or path) of ``key`` for messages."""
+        return join_url(self.url, key)
+
+    def close(self) -> None:
+        """Release what the store holds (connections); most stores hold nothing."""
+
+    # -- retries ---------------------------------------------------------------------------
+    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        for attempt in range(self.retry.attempts):
+            try:
+                return fn()
+            except FileNotFoundError:
+                raise
+            except Exception as e:
+                reason = self._retry_reason(e)
+                if reason is None:
+                    if isinstance(e, ZeroBatchError):
+                        raise
+                    raise StoreError(
+                        getattr(e, "errno", None) or errno.EIO,
+                        f"{op} failed: {_short(e)}",
+                        self.where(key),
+                    ) from e
+                if attempt + 1 == self.retry.attempts:
+                    raise RetriesExhaustedError(
+                        errno.EAGAIN,
+                        f"{op} still failing after {self.retry.attempts} attempts "
+                        f"({reason}): {_short(e)}",
+                        self.where(key),
+                    ) from e
+                self.stats.retried(reason)
+                time.sleep(self.retry.delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _retry_reason(self, error: Exception) -> str | None:
+        """A short reason if ``error`` is worth retrying (throttling, a dropped connection)."""
+        return retry_reason(error)
+
+    # -- implementation --------------------------------------------------------------------
+    def _read(self, key: str) -> bytes:
+        raise NotImplementedError
+
+    def _read_ranges(
+        self, key: str, ranges: Sequence[tuple[int, int]], coalesce: int
+    ) -> list[bytes]:
+        raise NotImplementedError
+
+    def _size(self, key: str) -> int:
+        raise NotImplementedError
+
+    def _write(self, key: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _create(self, key: str, data: bytes) -> bool:
+        raise NotImplementedError
+
+    def _delete(self, key: str) -> None:
+        raise NotImplementedError
+
+    def _list(self, prefix: str) -> list[str]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+_THROTTLE_MARKERS = (
+    ("slowdown", "SlowDown"),
+    ("slow down", "SlowDown"),
+    ("throttl", "throttled"),
+    ("too many requests", "429"),
+    (" 429", "429"),
+    (" 500", "500"),
+    (" 502", "502"),
+    (" 503", "503"),
+    (" 504", "504"),
+    ("service unavailable", "503"),
+    ("internal server error", "500"),
+    ("bad gateway", "502"),
+    ("gateway timeout", "504"),
+    ("connection", "connection"),
+    ("error sending request", "connection"),
+    ("broken pipe", "connection"),
+    ("reset by peer", "connection"),
+    ("incomplete", "connection"),
+    ("unexpected eof", "connection"),
+    ("end of file", "connection"),
+    ("timed out", "timeout"),
+    ("timeout", "timeout"),
+)
+
+
+def retry_reason(error: BaseException) -> str | None:
+    """Whether an error from any store client is transient, and why (``None``: it is not).
+
+    Clients report throttling and dropped connections in different types, so the decision
+    looks at the standard exception types first and then at the message, for the status codes
+    and phrases S3, GCS, Azure and HTTP servers use.
+    """
+    if isinstance(error, (ConnectionError, TimeoutError)):
+        return "connection"
+    status = getattr(error, "status", None) or getattr(error, "status_code", None)
+    if isinstance(status, int) and (status == 429 or 500 <= status <= 504):
+        return str(status)
+    text = f" {error}".lower()
+    for marker, reason in _THROTTLE_MARKERS:
+        if marker in text:
+            return reason
+    return None
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:300]
+
+
+class LocalStore(Store):
+    """A directory as a store: keys are relative paths below ``root``.
+
+    Writes are atomic (a temporary file in the target's directory, written, fsynced and
+    renamed, then the directory fsynced); ``create`` links the written temporary file to the
+    key, which fails if the key exists (``link`` is the file system's conditional create and
+    also works on NFS, where ``O_EXCL`` on the final name is not reliable everywhere).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], retry: RetryPolicy | None = None) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        super().__init__(self.root, retry)
+
+    def path(self, key: str) -> str:
+        """The file of ``key``."""
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"{self.root}: key {key!r} leaves the store")
+        return os.path.join(self.root, *key.split("/")) if key else self.root
+
+    def where(self, key: str) -> str:
+        return self.path(key)
+
+    def _read(self, key: str) -> bytes:
+        with open(self.path(key), "rb") as f:
+            return f.read()
+
+    def _read_ranges(
+        self, key: str, ranges: Sequence[tuple[int, int]], coalesce: int
+    ) -> list[bytes]:
+        fd = os.open(self.path(key), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return [os.pread(fd, end - start, start) for start, end in ranges]
+        finally:
+            os.close(fd)
+
+    def _size(self, key: str) -> int:
+        return os.stat(self.path(key)).st_size
+
+    def _temp(self, target: str, data: bytes) -> str:
+        directory = os.path.dirname(target)
+        os.makedirs(directory, exist_ok=True)
+        temp = os.path.join(directory, f".{os.path.basename(target)}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(temp)
+            raise
+        os.close(fd)
+        return temp
+
+    def _sync_dir(self, target: str) -> None:
+        fd = os.open(os.path.dirname(target), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write(self, key: str, data: bytes) -> None:
+        target = self.path(key)
+        temp = self._temp(target, data)
+        try:
+            os.replace(temp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        self._sync_dir(target)
+
+    def _create(self, key: str, data: bytes) -> bool:
+        target = self.path(key)
+        temp = self._temp(target, data)
+        try:
+            os.link(temp, target)
+        except FileExistsError:
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+        self._sync_dir(target)
+        return True
+
+    def _delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(key))
+
+    def _list(self, prefix: str) -> list[str]:
+        out: list[str] = []
+        for directory, dirs, files in os.walk(self.root):
+            dirs.sort()
+            rel = os.path.relpath(directory, self.root)
+            base = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            out.extend(
+                base + name
+                for name in files
+                if (base + name).startswith(prefix) and not name.endswith(".tmp")
+            )
+        return out
+
+
+def open_store(
+    url: str | os.PathLike[str] | Any,
+    *,
+    retry: RetryPolicy | None = None,
+    options: dict[str, str] | None = None,
+) -> Store:
+    """The store rooted at ``url``: a path, a ``file://``, ``s3://``, ``gs://``, ``az://`` or
+    ``http(s)://`` URL, an fsspec filesystem paired with a root (``(fs, "bucket/prefix")``), or
+    a ``Store`` (returned as it is).
+
+    ``options`` are passed to the object-store client (for S3, e.g. ``{"endpoint":
+    "http://127.0.0.1:9000"}``); credentials are best left to the environment.
+    """
+    if isinstance(url, Store):
+        return url
+    if isinstance(url, tuple) and len(url) == 2:
+        from .object_stores import FsspecStore
+
+        return FsspecStore(url[0], str(url[1]), retry=retry)
+    if not isinstance(url, (str, os.PathLike)):
+        raise TypeError(f"expected a path, a URL or a Store, got {type(url).__name__}")
+    text = os.fspath(url)
+    if not is_url(text):
+        if "://" in text:
+            scheme = text.split("://", 1)[0]
+            raise ZeroBatchIOError(
+                errno.EINVAL,
+                f"unknown URL scheme {scheme!r} (ZeroBatch opens {', '.join(URL_SCHEMES)})",
+                redact(text),
+            )
+        return LocalStore(text, retry)
+    scheme = text.split("://", 1)[0].lower()
+    if scheme == "file":
+        path = urllib.parse.unquote(urllib.parse.urlsplit(text).path)
+        return LocalStore(path, retry)
+    from .object_stores import ObstoreStore
+
+    return ObstoreStore(text, retry=retry, options=options)
+
+
+def split_url(source: str) -> tuple[str, str]:
+    """``(parent, name)`` of a URL or path: the store root that holds it, and its key there."""
+    stripped = source.rstrip("/")
+    if is_url(stripped) and stripped.lower().startswith("file://"):
+        stripped = urllib.parse.unquote(urllib.parse.urlsplit(stripped).path)
+    if is_url(stripped):
+        rest = stripped.split("://", 1)[1]
+        if "/" not in rest.lstrip("/"):
+            return stripped, ""
+        parent, name = stripped.rsplit("/", 1)
+        return (parent + "/" if parent.endswith(":/") or parent.endswith("://") else parent), name
+    path = os.path.abspath(stripped)
+    return os.path.dirname(path), os.path.basename(path)
