@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
+from zerobatch_spec import U32_MAX
 
 from zerobatch_core import (
     BatchStream,
@@ -324,7 +325,7 @@ class TorchBatchLoader(_TorchStream):
         else:
             moved = tensor.to(device, non_blocking=True)
         if key in self._widen:  # int32 bits of uint32 ids: zero-extend
-            moved = moved.to(torch.int64).bitwise_and_(0xFFFFFFFF)
+            moved = moved.to(torch.int64).bitwise_and_(U32_MAX)
         return moved
 
 
