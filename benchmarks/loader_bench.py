@@ -8,11 +8,12 @@ every file in the same page-cache state, and measures each system in a fresh chi
 - ``consume``: the loop reads every token once (a sum in the output's own dtype and framework).
 
 Reported per system: tokens/s (median and min..max over trials), per-batch latency p50/p99
-(the time of ``next()`` alone), time to first batch (construction to first batch), and the
-child's peak RSS. Baselines in the same run: the same consume operation on batches already in
-RAM (the ideal, per framework and dtype), memcpy bandwidth, uint32->int64 conversion into a
-preallocated buffer, page-cache read bandwidth through a fresh mmap, and cold sequential reads
-after ``posix_fadvise(DONTNEED)``.
+(the time of ``next()`` alone), time to first batch (construction to first batch), CPU time
+per batch (the process's CPU seconds, every thread and reaped worker process included, over
+each pass, divided by the batches it served), and the child's peak RSS. Baselines in the same
+run: the same consume operation on batches already in RAM (the ideal, per framework and dtype),
+memcpy bandwidth, uint32->int64 conversion into a preallocated buffer, page-cache read
+bandwidth through a fresh mmap, and cold sequential reads after ``posix_fadvise(DONTNEED)``.
 
     .venv/bin/python benchmarks/loader_bench.py                 # 100k x 512 tokens, ~4 min
     .venv/bin/python benchmarks/loader_bench.py --records 20000 --trials 3   # quick
@@ -46,11 +47,21 @@ SEED = 1234
 SYSTEMS: dict[str, tuple[str, str, str]] = {
     "zb_uint32": ("main", "numpy uint32 view", "zb"),
     "zb_int32": ("main", "numpy int32 view", "zb"),
-    "zb_int64": ("main", "numpy int64 (pooled buffers)", "zb"),
+    "zb_int64": ("main", "numpy int64 (converted ahead in chunks)", "zb"),
     "zb_int64_out": ("main", "numpy int64 read_batch_int64(out=) reused buffer", "zb"),
     "zb_torch_int32": ("main", "torch int32 zero-copy, TorchBatchDataset", "zb"),
     "zb_torch_int64": ("main", "torch int64, TorchBatchDataset", "zb"),
     "zb_torch_loader_w2": ("main", "torch int64, TorchBatchLoader num_workers=2", "zb"),
+    # Workers against none, consume mode (the issue's rule: workers never slow a loader down).
+    **{
+        f"zb_{kind}_{dtype}_w{k}": ("main", f"torch {dtype}, {what} num_workers={k}", "zb")
+        for kind, what in (
+            ("torch_loader", "TorchBatchLoader"),
+            ("dataloader", "DataLoader(TorchBatchDataset, batch_size=None)"),
+        )
+        for dtype in ("int32", "int64")
+        for k in (0, 2, 4)
+    },
     "zb_jax_8dev": ("main", "jax int32 sharded over 8 CPU devices", "zb"),
     "zb_tf_int64": ("main", "tf.data int64, tf_dataset", "zb"),
     "zb_uint32_cold": ("main", "numpy uint32 view, file dropped from cache", "zb"),
@@ -77,6 +88,12 @@ IDEAL_OF = {
     "zb_torch_int32": "torch_int32",
     "zb_torch_int64": "torch_int64",
     "zb_torch_loader_w2": "torch_int64",
+    **{
+        f"zb_{kind}_{dtype}_w{k}": f"torch_{dtype}"
+        for kind in ("torch_loader", "dataloader")
+        for dtype in ("int32", "int64")
+        for k in (0, 2, 4)
+    },
     "zb_jax_8dev": "jax_int32",
     "zb_tf_int64": "tf_int64",
     "zb_uint32_cold": "numpy_uint32",
@@ -262,12 +279,13 @@ def _timed(
 
     ``after(trial)``, if given, runs untimed after each pass (the paired ideal pass).
     """
-    rates, lat_ns, ttfb, served = [], [], [], 0
+    rates, lat_ns, ttfb, served, cpu = [], [], [], 0, []
     pc = time.perf_counter_ns
     prepare = getattr(make_iter, "prepare", None)
     for trial in range(trials):
         if prepare is not None:
             prepare(trial)
+        cpu0 = _cpu_seconds()
         t0 = pc()
         it = iter(make_iter(trial))
         b = next(it)
@@ -298,6 +316,7 @@ def _timed(
         if close is not None:
             close()
         del it, b
+        cpu.append((_cpu_seconds() - cpu0) / n)
         if after is not None:
             after(trial)
     lat_ns.sort()
@@ -315,7 +334,18 @@ def _timed(
         "p99_us": pct(0.99),
         "ttfb_s": sorted(ttfb)[len(ttfb) // 2],
         "batches": served,
+        "cpu_s_per_batch": sorted(cpu)[len(cpu) // 2],
     }
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process (all threads) and of the children it has reaped."""
+    import resource
+
+    own, children = (
+        resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _ntok(b: Any) -> int:
@@ -326,7 +356,7 @@ def _ntok(b: Any) -> int:
 
 
 def _framework(system: str) -> str:
-    if system.startswith(("zb_torch", "nanogpt", "dl_", "hf_", "mosaic")):
+    if system.startswith(("zb_torch", "zb_dataloader", "nanogpt", "dl_", "hf_", "mosaic")):
         return "torch"
     if system.startswith(("zb_jax", "floor_jax")):
         return "jax"
@@ -374,9 +404,9 @@ def _make_iter(system: str, out: Path) -> Any:
     if system == "zb_torch_loader_w2":
         from zerobatch_adapters.torch import TorchBatchLoader
 
-        return lambda trial: TorchBatchLoader(
-            f["batch"], epoch=trial, dtype="int64", num_workers=2
-        )
+        return lambda trial: TorchBatchLoader(f["batch"], epoch=trial, dtype="int64", num_workers=2)
+    if system.startswith(("zb_torch_loader_int", "zb_dataloader_int")):
+        return _workers(system, f["batch"])
     if system == "zb_jax_8dev":
         from zerobatch_adapters.jax import JaxBatchIterator
 
@@ -401,6 +431,24 @@ def _make_iter(system: str, out: Path) -> Any:
     if system == "grain":
         return _grain(f["grain"])
     raise ValueError(f"unknown system {system!r}")
+
+
+def _workers(system: str, path: Path) -> Any:
+    """``TorchBatchLoader`` or a plain ``DataLoader(TorchBatchDataset)`` with k workers."""
+    from torch.utils.data import DataLoader
+    from zerobatch_adapters.torch import TorchBatchDataset, TorchBatchLoader
+
+    *_, dtype, workers = system.split("_")
+    k = int(workers[1:])
+    ctx = {"multiprocessing_context": "fork"} if k else {}
+    if system.startswith("zb_torch_loader"):
+        return lambda trial: TorchBatchLoader(path, epoch=trial, dtype=dtype, num_workers=k)
+
+    def it(trial: int) -> Any:
+        ds = TorchBatchDataset(path, epoch=trial, dtype=dtype)
+        return DataLoader(ds, batch_size=None, num_workers=k, **ctx)
+
+    return it
 
 
 def _floor(system: str, path: Path) -> Any:
@@ -886,17 +934,19 @@ def render(results: dict[str, Any]) -> str:
     plain = {m: rate(systems.get("dl_map", {}), m) for m in ("yield", "consume")}
     lines = [
         "| system | output | mode | tok/s median | min..max | p50 us | p99 us | first batch ms "
-        "| peak RSS MiB | vs ideal | vs best peer | vs plain DataLoader |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| CPU us/batch | peak RSS MiB | vs ideal | vs best peer | vs plain DataLoader |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s, e in systems.items():
         if "error" in e:
-            lines.append(f"| {s} | {e['output']} | - | {e['error']} |||||||||")
+            lines.append(f"| {s} | {e['output']} | - | {e['error']} ||||||||||")
             continue
         for mode in ("yield", "consume"):
             r = e.get(mode) or {}
             if "error" in r:
-                lines.append(f"| {s} | {e['output']} | {mode} | error: {r['error'][:80]} |||||||||")
+                lines.append(
+                    f"| {s} | {e['output']} | {mode} | error: {r['error'][:80]} ||||||||||"
+                )
                 continue
             ideal_name = IDEAL_OF.get(s, "torch_int64")
             ideal = float(ideals.get(ideal_name, {}).get("tok_s", 0.0))
@@ -915,7 +965,8 @@ def render(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {s} | {e['output']} | {mode} | {_g(t)} | {_g(r['tok_s_min'])}..."
                 f"{_g(r['tok_s_max'])} | {r['p50_us']:.2f} | {r['p99_us']:.2f} | "
-                f"{r['ttfb_s'] * 1e3:.1f} | {r['peak_rss_bytes'] / MIB:.0f} | {vs_ideal} | "
+                f"{r['ttfb_s'] * 1e3:.1f} | {r.get('cpu_s_per_batch', math.nan) * 1e6:.1f} | "
+                f"{r['peak_rss_bytes'] / MIB:.0f} | {vs_ideal} | "
                 f"{vs_peer} | {vs_plain} |"
             )
     cold = (systems.get("zb_uint32_cold") or {}).get("consume") or {}
