@@ -13,6 +13,7 @@ Layout under a live dataset's root:
 * ``manifests/<v>.json``: manifest version ``v`` (20 decimal digits); version 0 lists nothing.
 * ``segments/<first>.json``: a sealed run of entries starting at global batch ``first``.
 * ``batches/<producer>/<offset>-<nonce>.batch``: batch objects (LLMBATCH files).
+* ``watermarks/<consumer>/<batch>.json``: the live checkpoints' watermarks (section 19).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ DESCRIPTOR_NAME: Final = "live.json"
 MANIFESTS_PREFIX: Final = "manifests/"
 SEGMENTS_PREFIX: Final = "segments/"
 BATCHES_PREFIX: Final = "batches/"
+WATERMARKS_PREFIX: Final = "watermarks/"
 
 DESCRIPTOR_FORMAT: Final = "zerobatch.live"
 MANIFEST_FORMAT: Final = "zerobatch.live.manifest"
@@ -182,6 +184,17 @@ def segment_name(first: int) -> str:
 def batch_name(producer: str, offset: int, nonce: str) -> str:
     """The key of a producer's batch object starting at its stream offset ``offset``."""
     return f"{BATCHES_PREFIX}{producer}/{offset:020d}-{nonce}.batch"
+
+
+def watermark_name(consumer: str, batch: int) -> str:
+    """The key of ``consumer``'s watermark at global batch ``batch`` (section 19)."""
+    return f"{WATERMARKS_PREFIX}{consumer}/{batch:020d}.json"
+
+
+def parse_watermark_name(key: str) -> tuple[str, int] | None:
+    """``(consumer, batch)`` of a watermark key, or ``None`` if ``key`` is not one."""
+    m = re.fullmatch(r"watermarks/([A-Za-z0-9_-]{1,64})/(\d{20})\.json", key)
+    return (m.group(1), int(m.group(2))) if m else None
 
 
 def parse_manifest_name(key: str) -> int | None:

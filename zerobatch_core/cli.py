@@ -46,7 +46,7 @@ from zerobatch_spec.dataset import (
     MANIFEST_VERSION,
 )
 
-from . import __version__
+from . import __version__, cli_remote
 from .dataset import DatasetError, DatasetReader
 from .errors import FormatError, MissingDependencyError, WriteError, ZeroBatchError
 from .loader import DEFAULT_BLOCK_SIZE
@@ -218,6 +218,8 @@ def _inspect_dataset(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if cli_remote.handles(args.file):  # a URL, or a live dataset
+        return cli_remote.inspect(args)
     if os.path.isdir(args.file):
         return _inspect_dataset(args)
     try:
@@ -270,6 +272,8 @@ def _print_dataset_report(report: DatasetReport) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if cli_remote.handles(args.file):  # a URL, or a live dataset
+        return cli_remote.validate(args)
     if os.path.isdir(args.file):
         _dataset_directory(args.file)
         dataset = validate_dataset(args.file, deep=args.deep)
@@ -870,13 +874,18 @@ def build_parser() -> argparse.ArgumentParser:
         "the header or size checks is reported as invalid (exit 1).\n\n"
         "For a dataset directory, the manifest's summary: shards, slots, batch shape, seed, "
         "size and checksum algorithm (--json adds every shard and source); only the manifest "
-        "is read.",
+        "is read.\n\n"
+        "PATH may also be a URL (s3://, gs://, az://, http(s)://, file://) of a file or a "
+        "dataset, or a live dataset (URL or directory).",
         epilog="examples:\n"
         "  zerobatch inspect train.batch\n"
         "  zerobatch inspect train.batch --json\n"
-        "  zerobatch inspect data/train/",
+        "  zerobatch inspect data/train/\n"
+        "  zerobatch inspect s3://bucket/data/train",
     )
-    p.add_argument("file", metavar="PATH", help="the .batch file or dataset directory to describe")
+    p.add_argument(
+        "file", metavar="PATH", help="the .batch file, dataset directory or URL to describe"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (default: text)")
     p.set_defaults(func=cmd_inspect)
 
@@ -890,14 +899,20 @@ def build_parser() -> argparse.ArgumentParser:
         "For a dataset directory: the manifest, the checksums file, and every shard against "
         "the manifest (present, size, header, file rules) and, with --deep, every slot's "
         "checksum and padding; *.batch files the manifest does not list are extra_shard. "
-        "Every failure is listed with its shard and slot.",
+        "Every failure is listed with its shard and slot.\n\n"
+        "PATH may also be a URL (s3://, gs://, az://, http(s)://, file://) of a file or a "
+        "dataset, or a live dataset: every object against the manifest and, with --deep, "
+        "every slot's checksum.",
         epilog="examples:\n"
         "  zerobatch validate train.batch\n"
         "  zerobatch validate train.batch --deep --json\n"
-        "  zerobatch validate --deep data/train/\n\n"
+        "  zerobatch validate --deep data/train/\n"
+        "  zerobatch validate --deep s3://bucket/data/train\n\n"
         "exit status: 0 valid, 1 invalid, 2 the path cannot be read.",
     )
-    p.add_argument("file", metavar="PATH", help="the .batch file or dataset directory to check")
+    p.add_argument(
+        "file", metavar="PATH", help="the .batch file, dataset directory or URL to check"
+    )
     p.add_argument(
         "--deep",
         action="store_true",
@@ -1089,6 +1104,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true", help="print nothing but errors")
     c.add_argument("--json", action="store_true", help="print one JSON object (default: text)")
     c.set_defaults(func=cmd_dataset_create)
+    cli_remote.add_reclaim(actions, Parser)
 
     p = sub.add_parser(
         "trace",

@@ -436,6 +436,32 @@ class RemoteSource:
         with self._lock:
             self._checked.add(n)
 
+    def validate(self, *, deep: bool = False) -> list[str]:
+        """Every failure of the source's objects, as messages: each object's size and header
+        against the manifest (rules 7-10), and with ``deep`` every slot's checksum (rule 12),
+        reading every slot once. An empty list means valid."""
+        failures: list[str] = []
+        first, end = self._firsts[0], self._firsts[-1]
+        for n in range(len(self._objects)):
+            try:
+                entry = self._object(n)
+            except (DatasetError, FormatError) as e:
+                failures.append(str(e))
+                continue
+            if not deep or not self._has_checksums():
+                continue
+            for local in range(entry.num_batches):
+                index = entry.first + local
+                if not first <= index < end:
+                    continue
+                start = HEADER_SIZE + local * self.slot_bytes
+                slot = self._get(entry.key, [(start, start + self.slot_bytes)])[0]
+                try:
+                    self._check_slot(index, entry, local, slot)
+                except DatasetError as e:
+                    failures.append(str(e))
+        return failures
+
     # -- checksums ---------------------------------------------------------------------------
     def _has_checksums(self) -> bool:
         return self.manifest is not None

@@ -250,3 +250,30 @@ def test_bad_urls_say_what_is_wrong(bucket: str) -> None:
         BatchNativeLoader(f"s3://{bucket}/missing.batch")
     with pytest.raises(ValueError, match="verify must be one of"):
         RemoteSource(f"s3://{bucket}/x", verify="sometimes")  # type: ignore[arg-type]
+
+
+def test_the_command_line_inspects_and_validates_urls(
+    dataset: Path, bucket: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from zerobatch_core.cli import main
+
+    url = f"s3://{bucket}/ds"
+    upload(dataset, url)
+    assert main(["inspect", url, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["kind"], info["num_batches"], info["shards"]) == ("dataset", 25, 5)
+    assert main(["validate", "--deep", url]) == 0
+    assert capsys.readouterr().out.startswith(f"OK {url}: dataset of 25 batches")
+    store = open_store(url)
+    data = bytearray(store.read("shard-00002.batch"))
+    data[4096 + 7] ^= 1
+    store.write("shard-00002.batch", bytes(data))
+    assert main(["validate", url]) == 0  # sizes and headers only
+    capsys.readouterr()
+    assert main(["validate", "--deep", "--json", url]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["failures"]) == 1 and "checksum_mismatch" in report["failures"][0]
+    assert main(["inspect", f"{url}/shard-00000.batch"]) == 0
+    assert "kind                file" in capsys.readouterr().out

@@ -1,0 +1,157 @@
+"""The command line's remote and live parts: ``inspect`` and ``validate`` of URLs and live
+datasets, and ``zerobatch dataset reclaim``.
+
+``cli.py`` hands a source here when it is a URL (``s3://``, ``gs://``, ``az://``,
+``http(s)://``, ``file://``) or a live dataset directory; the output follows the local
+commands' (the same keys where they mean the same, plus what a remote or live source adds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from zerobatch_spec import DTYPE_UINT32, padded_batch_bytes
+
+from .live_source import LiveSource
+from .remote import RemoteSource
+from .retention import reclaim, watermarks
+from .sources import is_live, open_reader
+from .storage import is_url, redact
+
+EXIT_OK, EXIT_INVALID = 0, 1
+
+
+def handles(path: str) -> bool:
+    """Whether ``path`` is for this module: a URL, or a local live dataset."""
+    return is_url(path) or is_live(path)
+
+
+def _open(path: str) -> RemoteSource:
+    source = open_reader(path, verify="off")
+    assert isinstance(source, RemoteSource)
+    return source
+
+
+def _info(source: RemoteSource) -> dict[str, Any]:
+    b, t = source.batch_size, source.seq_len
+    info: dict[str, Any] = {"path": redact(source.path) if is_url(source.path) else source.path}
+    if isinstance(source, LiveSource):
+        m = source.current
+        info.update(
+            kind="live",
+            version=m.version,
+            num_batches=source.committed,
+            start=source.start,
+            batch_size=b,
+            seq_len=t,
+            seed=source.seed,
+            producers=len(m.producers),
+            segments=len(m.segments),
+            tail_entries=len(m.tail),
+            dataset_id=source.descriptor.dataset_id,
+            watermarks=sum(len(v) for v in watermarks(source.store).values()),
+        )
+    elif source.manifest is not None:
+        d = source.manifest
+        info.update(
+            kind="dataset",
+            shards=len(d.shards),
+            num_batches=d.num_batches,
+            batch_size=b,
+            seq_len=t,
+            seed=d.seed,
+            size=sum(s.size for s in d.shards),
+            manifest_sha256=source.manifest_sha256,
+        )
+    else:
+        h = source.header
+        assert h is not None
+        info.update(kind="file", **h.as_dict(), file_size=h.file_size)
+    info["dtype"] = DTYPE_UINT32
+    info["padded_batch_bytes"] = padded_batch_bytes(b, t)
+    return info
+
+
+def inspect(args: argparse.Namespace) -> int:
+    """``zerobatch inspect URL``: what the manifest (or header) says; nothing else is read."""
+    with _open(args.file) as source:
+        info = _info(source)
+    if args.json:
+        print(json.dumps(info))
+    else:
+        width = max(len(k) for k in info)
+        for k, v in info.items():
+            print(f"{k:<{width}}  {v}")
+    return EXIT_OK
+
+
+def validate(args: argparse.Namespace) -> int:
+    """``zerobatch validate URL``: every object against the manifest; ``--deep`` reads every
+    slot and checks its checksum."""
+    with _open(args.file) as source:
+        failures = source.validate(deep=args.deep)
+        info = _info(source)
+    valid = not failures
+    if args.json:
+        print(json.dumps({**info, "valid": valid, "deep": args.deep, "failures": failures}))
+    elif valid:
+        mode = "every slot's checksum" if args.deep else "object sizes and headers"
+        print(
+            f"OK {info['path']}: {info['kind']} of {info['num_batches']} batches of "
+            f"[{info['batch_size']}, {info['seq_len']}] (checked: {mode})"
+        )
+    else:
+        print(f"INVALID {info['path']}: {len(failures)} failures")
+        for failure in failures:
+            print(f"  {failure}")
+    return EXIT_OK if valid else EXIT_INVALID
+
+
+def cmd_dataset_reclaim(args: argparse.Namespace) -> int:
+    """``zerobatch dataset reclaim URL``: delete what no live checkpoint can roll back to."""
+    report = reclaim(args.dataset, keep_versions=args.keep_versions, dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report.as_dict()))
+        return EXIT_OK
+    verb = "would delete" if report.dry_run else "deleted"
+    if not report.deleted:
+        print(
+            f"nothing to reclaim: manifest version {report.version}, first batch "
+            f"{report.start}, lowest watermark {report.watermark}"
+        )
+        return EXIT_OK
+    parts = ", ".join(f"{n} {kind}" for kind, n in sorted(report.deleted.items()))
+    print(
+        f"{verb} {parts} ({report.deleted_bytes} bytes); lowest watermark "
+        f"{report.watermark}, the dataset now starts at batch {report.start} "
+        f"(manifest version {report.version})"
+    )
+    return EXIT_OK
+
+
+def add_reclaim(actions: Any, parser_class: Any) -> None:
+    """The ``dataset reclaim`` action's parser."""
+    c = actions.add_parser(
+        "reclaim",
+        help="delete what no live checkpoint of a live dataset can roll back to",
+        description="Delete the batch objects, segments and manifest versions of a live "
+        "dataset that lie below the lowest watermark its consumers recorded with their "
+        "checkpoints (zerobatch_core.retention.record_watermark), after committing a "
+        "manifest version that no longer lists them. Without any watermark no batch is "
+        "deleted. Idempotent and safe to interrupt: run it again at any time.",
+        epilog="examples:\n  zerobatch dataset reclaim s3://bucket/run\n"
+        "  zerobatch dataset reclaim data/live --dry-run --json",
+    )
+    c.add_argument("dataset", metavar="DATASET", help="the live dataset (a URL or a directory)")
+    c.add_argument(
+        "--keep-versions",
+        type=int,
+        default=4,
+        metavar="N",
+        help="manifest versions kept, the newest N (default: 4)",
+    )
+    c.add_argument("--dry-run", action="store_true", help="report what would go, delete nothing")
+    c.add_argument("--json", action="store_true", help="print one JSON object (default: text)")
+    c.set_defaults(func=cmd_dataset_reclaim)
