@@ -378,8 +378,12 @@ def cmd_write(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from .ingest.convert import convert
 
+    if args.address is not None and args.engine != "ray":
+        raise UsageError("--address applies only to --engine ray")
     inputs = _readable_inputs(args.sources)
     _check_output(args, inputs)
+    if args.engine == "ray":
+        return _convert_with_ray(args, inputs)
     with _ProgressDisplay(args, args.seq_len, sys.stderr) as progress:
         summary = convert(
             args.sources,
@@ -394,13 +398,53 @@ def cmd_convert(args: argparse.Namespace) -> int:
             pad_id=args.pad_id,
             text_field=args.text_field,
             per_line=args.per_line,
-            workers=args.workers,
+            workers=args.workers or 1,
             align=args.align,
             bos_token=args.bos_token,
             overwrite=args.overwrite,
             allow_empty=args.allow_empty,
             shard_batches=args.shard_batches,
         )
+    _print_summary(args, summary)
+    return EXIT_OK
+
+
+def _convert_with_ray(args: argparse.Namespace, inputs: Sequence[str]) -> int:
+    """``convert --engine ray``: the text pipeline on a Ray cluster, with Ray's progress display
+    (``ray_convert``; the output is the local engine's, byte for byte)."""
+    from .ingest.convert import detect_kind
+
+    kind = args.kind or detect_kind(inputs)
+    if kind != "text" or args.align != "contiguous" or args.bos_token is not None:
+        raise UsageError(
+            f"--engine ray converts text sources only, not {kind} (nor --align, --bos-token); "
+            "convert nanoGPT shards and .npy arrays with the local engine"
+        )
+    try:
+        from .ray_convert import convert_with_ray
+    except ImportError as e:
+        if (e.name or "").split(".")[0] != "ray":
+            raise
+        raise MissingDependencyError("ray", "ray", "converting with --engine ray") from e
+    summary = convert_with_ray(
+        args.sources,
+        args.output,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        tokenizer=args.tokenizer,
+        mode=args.mode,
+        pad_id=args.pad_id,
+        text_field=args.text_field,
+        per_line=args.per_line,
+        shard_batches=args.shard_batches,
+        overwrite=args.overwrite,
+        allow_empty=args.allow_empty,
+        workers=args.workers,
+        address=args.address,
+        show_progress=not (args.quiet or args.json),
+        kind=args.kind,
+    )
     _print_summary(args, summary)
     return EXIT_OK
 
@@ -977,7 +1021,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--shard-size 1000\n"
         "  zerobatch convert 'corpus/*.parquet' train.batch --seq-len 2048 --batch-size 16 \\\n"
         "      --tokenizer 'hf:tokenizer.json?bos=<|endoftext|>' --workers 8\n"
-        "  zerobatch convert notes.txt train.batch --seq-len 256 --batch-size 8 --per-line\n\n"
+        "  zerobatch convert notes.txt train.batch --seq-len 256 --batch-size 8 --per-line\n"
+        "  zerobatch convert 'corpus/*.parquet' data/train --seq-len 2048 --batch-size 16 \\\n"
+        "      --shard-size 1000 --engine ray --address auto\n\n"
         "tokenizer specs (--tokenizer):\n"
         "  byte                            UTF-8 bytes, BOS 256, no files needed\n"
         "  hf:PATH/tokenizer.json?bos=TOK  a Hugging Face tokenizers model (&eos=TOK too)\n"
@@ -1037,9 +1083,26 @@ def build_parser() -> argparse.ArgumentParser:
     text.add_argument(
         "--workers",
         type=_positive,
-        default=1,
+        default=None,
         metavar="N",
-        help="tokenizer processes; the output is the same for any N",
+        help="tokenizer processes (default: 1), or with --engine ray tokenizer actors (default: "
+        "one per CPU of the cluster); the output is the same for any N",
+    )
+    engine = p.add_argument_group("engine")
+    engine.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="local: this machine; ray: text sources tokenized and written by Ray Data tasks "
+        "across a Ray cluster (pip install 'zerobatch[ray]'), the same output byte for byte",
+    )
+    engine.add_argument(
+        "--address",
+        default=None,
+        metavar="ADDR",
+        help="--engine ray: the cluster to join, as ray.init(address=...) takes it: 'auto', "
+        "HOST:PORT or ray://HOST:10001 (default: RAY_ADDRESS if set, else a new local cluster "
+        "for this command)",
     )
     nanogpt = p.add_argument_group("nanoGPT sources")
     nanogpt.add_argument(

@@ -57,7 +57,9 @@ inputs whose record counts are known only after reading them)."""
 U32Rows = npt.NDArray[np.uint32]
 
 
-def _describe(reader: BatchFileReader, name: str, records: tuple[int, int] | None) -> Shard:
+def describe_shard(reader: BatchFileReader, name: str, records: tuple[int, int] | None) -> Shard:
+    """The manifest entry of the open shard ``reader``, named ``name``, written from input
+    records ``records``."""
     h = reader.header
     return Shard(
         name=name,
@@ -70,7 +72,7 @@ def _describe(reader: BatchFileReader, name: str, records: tuple[int, int] | Non
     )
 
 
-def _finish(
+def commit_manifest(
     directory: str,
     shards: list[Shard],
     checksums: list[npt.NDArray[np.uint64]],
@@ -80,7 +82,11 @@ def _finish(
     sources: Sequence[Source],
     overwrite: bool,
 ) -> Manifest:
-    """Write the checksums, then the manifest (last): the dataset exists from that moment."""
+    """Write the checksums, then the manifest (last): the dataset exists from that moment.
+
+    ``shards`` and their slot ``checksums`` in dataset order; every source's record range must
+    lie within the shards' input records.
+    """
     total = sum(s.total_records for s in shards)
     for source in sources:
         first, last = source.records
@@ -114,7 +120,7 @@ def _check_directory(directory: str | os.PathLike[str], overwrite: bool) -> str:
 _METADATA = (MANIFEST_NAME, CHECKSUMS_NAME)
 
 
-def _owned_names(path: str) -> list[str]:
+def shard_file_names(path: str) -> list[str]:
     """The shard files in ``path`` named as ``write_sharded_dataset`` names them, sorted."""
     try:
         return sorted(n for n in os.listdir(path) if SHARD_NAME.match(n))
@@ -149,7 +155,7 @@ def check_dataset_output(
                 f"{path}: already a dataset (it has a {MANIFEST_NAME}); pass overwrite=True "
                 "(--overwrite on the command line) to replace it"
             )
-        leftovers = _owned_names(path)
+        leftovers = shard_file_names(path)
         if leftovers and not overwrite:
             raise WriteError(
                 f"{path}: holds shard files ({leftovers[0]}, ...) but no {MANIFEST_NAME}, left "
@@ -194,11 +200,11 @@ def create_dataset(
                     f"{(reader.batch_size, reader.seq_len)}; the first shard, {names[0]}, has "
                     f"{shape}: a dataset's shards share one shape"
                 )
-            shards.append(_describe(reader, name, None))
+            shards.append(describe_shard(reader, name, None))
             checksums.append(slot_checksums(reader))
     assert shape is not None
     first_seed = shards[0].seed if seed is None else int_arg("seed", seed, 0)
-    return _finish(path, shards, checksums, *shape, first_seed, sources, overwrite)
+    return commit_manifest(path, shards, checksums, *shape, first_seed, sources, overwrite)
 
 
 class _ShardCutter:
@@ -303,7 +309,7 @@ def write_sharded_dataset(
                 allow_empty=True,
             )
             with BatchFileReader(target) as reader:
-                shards.append(_describe(reader, name, (first, first + written.count)))
+                shards.append(describe_shard(reader, name, (first, first + written.count)))
                 checksums.append(slot_checksums(reader))
             first += written.count
         if not allow_empty and sum(s.num_batches for s in shards) == 0:
@@ -318,10 +324,12 @@ def write_sharded_dataset(
         for shard in shards:  # listed by no manifest: not left behind
             os.unlink(os.path.join(path, shard.name))
         raise
-    manifest = _finish(path, shards, checksums, batch_size, seq_len, seed, listed, overwrite)
+    manifest = commit_manifest(
+        path, shards, checksums, batch_size, seq_len, seed, listed, overwrite
+    )
     if overwrite:  # the earlier dataset's shards that the new manifest does not list
         kept = {s.name for s in shards}
-        for name in _owned_names(path):
+        for name in shard_file_names(path):
             if name not in kept:
                 os.unlink(os.path.join(path, name))
     return manifest
@@ -343,6 +351,9 @@ __all__ = [
     "SHARD_NAME",
     "SHARD_PATTERN",
     "check_dataset_output",
+    "commit_manifest",
     "create_dataset",
+    "describe_shard",
+    "shard_file_names",
     "write_sharded_dataset",
 ]

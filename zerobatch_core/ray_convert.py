@@ -1,0 +1,976 @@
+"""Text conversion on a Ray cluster: a Ray Data Datasink writes LLMBATCH output, committed once.
+
+Importing this module imports Ray (``pip install 'zerobatch[ray]'``); nothing else in
+``zerobatch_core`` does. :func:`convert_with_ray` (``zerobatch convert --engine ray``) runs the
+local text pipeline (``ingest.text``: read, tokenize, pack) on a Ray cluster::
+
+    units -> map_batches(TokenizeUnits) -> segments -> write_datasink(LLMBatchDatasink)
+
+Units
+    The input is cut into units fixed by the files alone: each parquet row group is one unit, and
+    each JSONL or text file is one. Units are numbered in the local reading order (files in the
+    order given, glob matches sorted, row groups in file order), so the unit number is each
+    unit's place in the global document order, whatever the cluster.
+Segments
+    A worker actor (``TokenizeUnits``, one tokenizer per actor, rebuilt from its JSON
+    description) reads one unit with the local readers, tokenizes it and lays it out as its
+    part of the record stream: ``[bos, *doc0, bos, *doc1, ...]`` in ``pack`` mode (the packer's
+    stream before it is cut into records), its padded records in ``pad`` mode. A row is a whole
+    unit (``unit``: its number, ``tokens``: the segment as little-endian u32 bytes), so no
+    block split can cut a unit.
+The Datasink (:class:`LLMBatchDatasink`)
+    ``write`` stores each segment atomically in a work directory under a name made of the unit
+    number, so a retried task rewrites the same file with the same bytes and nothing depends on
+    which task wrote it. ``on_write_complete`` orders the units by number, places each segment
+    in the global token stream (the sum of the lengths before it), cuts the stream into records
+    of ``seq_len`` tokens and the records into outputs by the local writer's rule (shard ``i``
+    holds records ``[i * shard_batches * batch_size, ...)``, permuted with ``shard_seed(seed,
+    i)``), writes the outputs in parallel in a second Ray Data write (a task per shard, each
+    reading its token range from the segments), then writes ``checksums.xxh3`` and, last,
+    ``manifest.json``, and removes the work directory. A job that fails removes the shards and
+    segments it wrote and never writes a manifest.
+
+Determinism, and what is byte-identical to ``zerobatch convert``
+    For the same input files (named in the same order), tokenizer, mode, ``pad_id``,
+    ``seq_len``, ``batch_size``, ``shard_batches`` and seed, the output is byte-identical to the
+    single-machine ``zerobatch convert``, whatever the number of Ray workers, the block sizes,
+    the scheduling and the retries: every shard file (same records, same shard boundaries,
+    same seeds, hence the same permutation), ``checksums.xxh3`` and ``manifest.json`` (the same
+    sources with the same record ranges); without ``shard_batches``, the single LLMBATCH file.
+    The segments depend only on the unit, and everything after them only on the segments in
+    unit order. What differs: the run itself (time, memory, the temporary work directory
+    ``.zerobatch-ray`` inside the output directory, or ``.NAME.zerobatch-ray`` beside a single
+    output file, while the job runs), the summary's ``seconds``, failures (a lost worker or an
+    ``OSError`` is retried; a ZeroBatch error raised in a task is re-raised as itself, others
+    arrive wrapped by Ray), and the sources accepted (text only: ``.parquet``, ``.jsonl``,
+    ``.json``, ``.txt``; nanoGPT shards and ``.npy`` arrays are tokens already).
+
+Memory
+    A tokenizer task holds one unit (a row group's documents and tokens, or one JSONL or text
+    file: split very large JSONL files, or store them as parquet); a write task holds its
+    blocks of units; an output task holds the file writer's few ``CHUNK_BYTES`` (it knows its
+    record count, so it never spills); the driver holds seven integers per unit and the
+    checksums (8 bytes per batch). The disk holds the segments (4 bytes per token) until the
+    commit, beside the output.
+
+Failures and retries
+    Ray Data retries a task whose worker died (``os._exit``, a lost node) and, through
+    :attr:`LLMBatchDatasink.remote_args`, one that raised an ``OSError`` (I/O errors are the
+    transient kind), up to ``max_retries`` times; bad input data (``IngestError``) fails the job
+    at once. Files appear only complete (``writer.py``): a task killed while writing a segment
+    or a shard leaves nothing under the final name, and its retry writes it again. The output
+    directory is checked before the job starts (``check_dataset_output``); replacing a dataset
+    (``overwrite``) removes its manifest before the first new shard is written, so no manifest
+    ever names a shard of another dataset. Inputs and the output directory must be on a file
+    system every node of the cluster sees (a shared mount); object-store URLs are not
+    accepted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import ray
+import ray.data
+from ray.data import Datasink
+from ray.data.block import Block, BlockAccessor
+from ray.data.datasource import WriteResult
+from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME, Manifest, Shard, Source
+from zerobatch_spec.dataset import shard_seed as dataset_shard_seed
+
+from .arguments import U32_MAX, int_arg
+from .dataset import slot_checksums
+from .dataset_build import (
+    SHARD_PATTERN,
+    check_dataset_output,
+    commit_manifest,
+    describe_shard,
+    shard_file_names,
+)
+from .errors import IngestError, WriteError, ZeroBatchError
+from .ingest.convert import ConvertSummary, _drops, detect_kind, plural
+from .ingest.packing import Mode, PackingStats, pad_records
+from .ingest.text import (
+    DEFAULT_BATCH_ROWS,
+    Format,
+    TextSource,
+    _is_string_type,
+    _one_line,
+    _row_group_documents,
+    detect_format,
+    read_documents,
+)
+from .reader import BatchFileReader
+from .tokenization import DEFAULT_BATCH_DOCS, import_optional, tokenize_documents
+from .tokenization.descriptions import read_description
+from .tokenization.resolve import tokenizer_from_json
+from .tokenization.tiktoken_files import TiktokenTokenizer
+from .writer import CHUNK_BYTES, check_output, write_batch_dataset, write_bytes_atomic
+
+if TYPE_CHECKING:
+    from ray.data._internal.execution.interfaces import TaskContext
+
+WORK_DIR_NAME = ".zerobatch-ray"
+"""The work directory inside a dataset output (``.NAME.zerobatch-ray`` beside a file output)."""
+
+SEGMENTS_PER_DIRECTORY = 1000
+"""Segments per subdirectory of the work directory: every atomic write lists its directory
+(``writer.remove_stale_temporaries``), so no directory may grow with the corpus."""
+
+DEFAULT_MAX_RETRIES = 3
+"""Retries of a task that raised an ``OSError`` or whose worker died, before the job fails."""
+
+_COUNT_COLUMNS = (
+    "documents",
+    "doc_tokens",
+    "padding_tokens",
+    "truncated_documents",
+    "truncated_tokens",
+)
+"""Optional integer columns of a segment row, summed into the packing statistics."""
+
+_TOKEN_BYTES = 4
+_LE_U32 = np.dtype("<u4")
+
+
+# --- units --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One piece of input read by one task: a parquet row group, or a whole JSONL or text file.
+
+    ``index`` is the unit's place in the global order; ``part`` the row group (``-1``: the
+    whole file); ``file`` the index of ``path`` among the inputs.
+    """
+
+    index: int
+    path: str
+    format: Format
+    part: int
+    file: int
+
+    def row(self) -> dict[str, Any]:
+        """The unit as a Ray Data row (plain values)."""
+        return {"unit": self.index, "path": self.path, "format": self.format, "part": self.part}
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """An input file and its first unit: the manifest's sources come from these."""
+
+    path: str
+    first_unit: int
+
+
+def _parquet_row_groups(path: str, column: str) -> int:
+    """Row groups of the parquet file ``path``, after checking its ``column`` holds strings."""
+    pa = import_optional("pyarrow", "reading parquet")
+    pq = import_optional("pyarrow.parquet", "reading parquet")
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise IngestError(f"{path}: not a readable parquet file: {_one_line(e)}") from e
+    try:
+        schema = pf.schema_arrow
+        index = schema.get_field_index(column)
+        if index < 0:
+            raise IngestError(f"{path}: no column {column!r} (columns: {', '.join(schema.names)})")
+        if not _is_string_type(pa, schema.field(index).type):
+            raise IngestError(
+                f"{path}: column {column!r} has type {schema.field(index).type}, "
+                f"expected a string column"
+            )
+        return int(pf.num_row_groups)
+    finally:
+        pf.close()
+
+
+def plan_units(
+    files: Sequence[str], *, text_field: str = "text", format: Format | None = None
+) -> tuple[list[Unit], list[InputFile]]:
+    """The units of ``files`` in the global order, and each file's first unit.
+
+    Parquet files are opened (their footer only) to count row groups and check the column.
+    """
+    units: list[Unit] = []
+    inputs: list[InputFile] = []
+    for f, path in enumerate(files):
+        fmt = format or detect_format(path)
+        inputs.append(InputFile(path, len(units)))
+        if fmt == "parquet":
+            for rg in range(_parquet_row_groups(path, text_field)):
+                units.append(Unit(len(units), path, fmt, rg, f))
+        else:
+            units.append(Unit(len(units), path, fmt, -1, f))
+    return units, inputs
+
+
+# --- tokenization -------------------------------------------------------------------------------
+
+
+class TokenizeUnits:
+    """A Ray Data ``map_batches`` class: unit rows in, one segment row per unit out.
+
+    Each actor builds its tokenizer once from ``tokenizer``, the tokenizer's JSON description
+    (``Tokenizer.to_json()``): plain data, never a serialized object. A batch of unit rows
+    (``unit``, ``path``, ``format``, ``part``) becomes a pyarrow table with the columns
+    :class:`LLMBatchDatasink` reads: ``unit``, ``tokens`` (the segment, little-endian u32
+    bytes) and the counts of :data:`_COUNT_COLUMNS`.
+    """
+
+    def __init__(
+        self,
+        tokenizer: str,
+        seq_len: int,
+        *,
+        mode: Mode = "pack",
+        pad_id: int | None = None,
+        text_field: str = "text",
+        per_line: bool = False,
+        batch_docs: int = DEFAULT_BATCH_DOCS,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+    ) -> None:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one CPU per actor: actors scale
+        self.tokenizer = tokenizer_from_json(tokenizer)
+        if isinstance(self.tokenizer, TiktokenTokenizer):
+            self.tokenizer.num_threads = 1
+        if mode == "pad" and pad_id is None:
+            raise IngestError("mode='pad' needs a pad_id")
+        self.seq_len, self.mode, self.pad_id = seq_len, mode, pad_id
+        self.text_field, self.per_line = text_field, per_line
+        self.batch_docs, self.batch_rows = batch_docs, batch_rows
+
+    def documents(self, path: str, format: str, part: int) -> Iterator[str]:
+        """The documents of one unit, read by the local readers (same order, same errors)."""
+        if format == "parquet" and part >= 0:
+            pa = import_optional("pyarrow", "reading parquet")
+            pq = import_optional("pyarrow.parquet", "reading parquet")
+            errors = (pa.ArrowException, OSError, UnicodeDecodeError)
+            try:
+                pf = pq.ParquetFile(path, page_checksum_verification=True)
+            except errors as e:
+                raise IngestError(f"{path}: not a readable parquet file: {_one_line(e)}") from e
+            try:
+                yield from _row_group_documents(
+                    pf, path, part, self.text_field, self.batch_rows, errors
+                )
+            finally:
+                pf.close()
+            return
+        fmt: Format = "jsonl" if format == "jsonl" else "text"
+        yield from read_documents(
+            [glob.escape(path)], format=fmt, field=self.text_field, per_line=self.per_line
+        )
+
+    def segment(self, docs: Iterable[str]) -> tuple[npt.NDArray[np.uint32], dict[str, int]]:
+        """One unit's part of the record stream, and its counts."""
+        tok = self.tokenizer
+        ids = tokenize_documents(docs, tok, 1, self.batch_docs)
+        counts = dict.fromkeys(_COUNT_COLUMNS, 0)
+        if self.mode == "pad":
+            assert self.pad_id is not None
+            blocks = pad_records(ids, self.seq_len, tok.bos_id, self.pad_id)
+            parts = [b.reshape(-1) for b in blocks]
+            stats = blocks.stats
+            counts.update(
+                documents=stats.documents,
+                doc_tokens=stats.tokens,
+                padding_tokens=stats.padding_tokens,
+                truncated_documents=stats.truncated_documents,
+                truncated_tokens=stats.truncated_tokens,
+            )
+        else:
+            bos = np.array([tok.bos_id], dtype=np.uint32)
+            parts = []
+            for doc in ids:
+                parts += [bos, doc]
+                counts["documents"] += 1
+                counts["doc_tokens"] += int(doc.size)
+        stream = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
+        return stream.astype(_LE_U32, copy=False), counts
+
+    def __call__(self, batch: dict[str, npt.NDArray[Any]]) -> Any:
+        pa = import_optional("pyarrow", "Ray Data blocks")
+        units: list[int] = []
+        segments: list[npt.NDArray[np.uint32]] = []
+        counts: dict[str, list[int]] = {k: [] for k in _COUNT_COLUMNS}
+        for unit, path, fmt, part in zip(
+            batch["unit"], batch["path"], batch["format"], batch["part"], strict=True
+        ):
+            stream, c = self.segment(self.documents(str(path), str(fmt), int(part)))
+            units.append(int(unit))
+            segments.append(stream)
+            for k in _COUNT_COLUMNS:
+                counts[k].append(c[k])
+        sizes = np.array([0] + [s.nbytes for s in segments], dtype=np.int64)
+        data = np.concatenate(segments) if segments else np.empty(0, dtype=_LE_U32)
+        tokens = pa.LargeBinaryArray.from_buffers(
+            pa.large_binary(),
+            len(segments),
+            [None, pa.py_buffer(np.cumsum(sizes)), pa.py_buffer(data)],
+        )
+        columns = {"unit": pa.array(units, pa.int64()), "tokens": tokens}
+        columns.update({k: pa.array(v, pa.int64()) for k, v in counts.items()})
+        return pa.table(columns)
+
+
+# --- the Datasink -------------------------------------------------------------------------------
+
+
+@dataclass
+class SinkResult:
+    """What an :class:`LLMBatchDatasink` committed."""
+
+    records: int
+    """Records cut from the token stream (the output holds the whole batches of them)."""
+    batches: int
+    stream_tokens: int
+    """Tokens of all segments (BOS and padding included)."""
+    units: int
+    counts: dict[str, int]
+    """The sums of the segments' count columns."""
+    output_bytes: int
+    manifest: Manifest | None
+    """The committed manifest; ``None`` for a single-file output."""
+
+
+def _segment_name(unit: int) -> str:
+    return os.path.join(f"{unit // SEGMENTS_PER_DIRECTORY:07d}", f"{unit:010d}.u32")
+
+
+class LLMBatchDatasink(Datasink[str]):
+    """Writes segment rows (``unit``, ``tokens``) as a dataset of LLMBATCH shards, or one file.
+
+    Each row is one unit's part of the record stream: ``unit`` its place in the global order
+    (distinct non-negative integers), ``tokens`` its tokens as little-endian u32 bytes (for
+    packed text ``[bos, *doc0, bos, *doc1, ...]``, as :class:`TokenizeUnits` writes it; for
+    records of ``seq_len`` tokens, the records one after another). The stream is the segments
+    in unit order; record ``r`` is its tokens ``[r * seq_len, (r + 1) * seq_len)``; the final
+    partial record is dropped. Rows may carry the integer columns of :data:`_COUNT_COLUMNS`,
+    which are summed into :attr:`result`.
+
+    With ``shard_batches`` the output ``path`` is a dataset directory written as
+    ``write_sharded_dataset`` writes it; without, the single LLMBATCH file ``path``. ``files``
+    (each input file and its first unit) gives the manifest's sources, as the local
+    conversion counts them (a record belongs to the file of its first token). With
+    ``num_units``, the commit checks that units ``0 .. num_units - 1`` all arrived.
+
+    Use it with the retry arguments it needs::
+
+        sink = LLMBatchDatasink("out/train", seq_len=2048, batch_size=16, shard_batches=1000)
+        segments.write_datasink(sink, ray_remote_args=sink.remote_args)
+        print(sink.result)
+
+    See the module docstring for the commit protocol, determinism and memory.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        shard_batches: int | None = None,
+        files: Sequence[InputFile] = (),
+        num_units: int | None = None,
+        overwrite: bool = False,
+        allow_empty: bool = False,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        concurrency: int | None = None,
+        inputs: Sequence[str] = (),
+    ) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.seq_len = int_arg("seq_len", seq_len, 1, U32_MAX, WriteError)
+        self.batch_size = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
+        self.seed = int_arg("seed", seed, 0, U32_MAX, WriteError)
+        self.shard_batches = (
+            None
+            if shard_batches is None
+            else int_arg("shard_batches", shard_batches, 1, U32_MAX // self.batch_size, WriteError)
+        )
+        self.files = tuple(files)
+        self.num_units = None if num_units is None else int_arg("num_units", num_units, 0)
+        self.overwrite, self.allow_empty = overwrite, allow_empty
+        self.max_retries = int_arg("max_retries", max_retries, 0)
+        self.concurrency = None if concurrency is None else int_arg("concurrency", concurrency, 1)
+        self.inputs = tuple(os.fspath(p) for p in inputs)
+        if self.shard_batches is None:
+            head, name = os.path.split(self.path)
+            self.work_dir = os.path.join(head, f".{name}{WORK_DIR_NAME}")
+        else:
+            self.work_dir = os.path.join(self.path, WORK_DIR_NAME)
+        self.result: SinkResult | None = None
+
+    # -- the Ray Data protocol -------------------------------------------------------------------
+
+    @property
+    def remote_args(self) -> dict[str, Any]:
+        """``ray_remote_args`` for ``write_datasink``. The write tasks only store segments (I/O),
+        so they reserve no CPU: tokenizer actors holding every CPU never starve them. An
+        ``OSError`` is retried like a lost worker, up to ``max_retries`` times."""
+        return {"num_cpus": 0, **self._retry_args()}
+
+    def _retry_args(self) -> dict[str, Any]:
+        retried = [OSError, ray.exceptions.RaySystemError]
+        return {"max_retries": self.max_retries, "retry_exceptions": retried}
+
+    def check_target(self) -> None:
+        """The output checks of the local conversion (``check_dataset_output`` or
+        ``check_output``), made before anything is written."""
+        if self.shard_batches is None:
+            check_output(self.path, overwrite=self.overwrite, inputs=self.inputs)
+        else:
+            check_dataset_output(self.path, overwrite=self.overwrite, inputs=self.inputs)
+
+    def on_write_start(self, schema: Any = None) -> None:
+        """Check the output and start an empty work directory (a dead job's is removed)."""
+        self.check_target()
+        if self.shard_batches is not None:
+            os.makedirs(self.path, exist_ok=True)
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        os.makedirs(self.work_dir)
+
+    def write(self, blocks: Iterable[Block], ctx: TaskContext) -> str:
+        """Store every segment of ``blocks``; return their units, lengths and counts (JSON)."""
+        entries: list[list[int]] = []
+        for block in blocks:
+            table = BlockAccessor.for_block(block).to_arrow()
+            names = set(table.column_names)
+            missing = {"unit", "tokens"} - names
+            if missing:
+                raise WriteError(
+                    f"{self.path}: segment rows need the columns 'unit' and 'tokens'; "
+                    f"missing {sorted(missing)} (columns: {sorted(names)})"
+                )
+            units = table.column("unit").to_pylist()
+            tokens = table.column("tokens")
+            counts = [
+                table.column(k).to_pylist() if k in names else [0] * len(units)
+                for k in _COUNT_COLUMNS
+            ]
+            for i, unit in enumerate(units):
+                data = tokens[i].as_py()
+                if not isinstance(unit, int) or unit < 0:
+                    raise WriteError(f"{self.path}: unit must be a non-negative integer: {unit!r}")
+                if not isinstance(data, bytes) or len(data) % _TOKEN_BYTES:
+                    raise WriteError(
+                        f"{self.path}: unit {unit}: tokens must be little-endian u32 bytes, got "
+                        f"{type(data).__name__} of {len(data) if data is not None else 0} bytes"
+                    )
+                self.store_segment(unit, data)
+                entries.append([unit, len(data) // _TOKEN_BYTES, *(int(c[i]) for c in counts)])
+        return json.dumps(entries)
+
+    def store_segment(self, unit: int, data: bytes) -> None:
+        """Write one unit's segment, atomically, under the name its number gives."""
+        path = os.path.join(self.work_dir, _segment_name(unit))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_bytes_atomic(path, data, overwrite=True)
+
+    def on_write_complete(self, write_result: WriteResult[str]) -> None:
+        """Cut the records, write every output, then commit (module docstring)."""
+        try:
+            self.result = self._commit([json.loads(r) for r in write_result.write_returns])
+        except BaseException:
+            self._discard()
+            raise
+        finally:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def on_write_failed(self, error: Exception) -> None:
+        """Remove the segments, and any shard this job wrote (no manifest names them)."""
+        self._discard()
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    # -- the commit ------------------------------------------------------------------------------
+
+    def _units(self, returns: list[list[list[int]]]) -> npt.NDArray[np.int64]:
+        """``[unit, tokens, *counts]`` per unit, sorted by unit; duplicates and gaps refused."""
+        width = 2 + len(_COUNT_COLUMNS)
+        rows = [e for r in returns for e in r]
+        table = np.array(rows, dtype=np.int64).reshape(-1, width)
+        table = table[np.argsort(table[:, 0], kind="stable")]
+        repeated = table[1:, 0][table[1:, 0] == table[:-1, 0]]
+        if repeated.size:
+            raise WriteError(
+                f"{self.path}: unit {int(repeated[0])} arrived in more than one row; every unit "
+                "must be one row"
+            )
+        if self.num_units is not None and not np.array_equal(
+            table[:, 0], np.arange(self.num_units)
+        ):
+            got = set(table[:, 0].tolist())
+            lost = next((u for u in range(self.num_units) if u not in got), None)
+            raise WriteError(
+                f"{self.path}: expected units 0 to {self.num_units - 1}, got {len(got)} units"
+                + (f" (unit {lost} is missing)" if lost is not None else " (unknown units)")
+            )
+        return table
+
+    def _plans(self, units: npt.NDArray[np.int64], records: int) -> list[dict[str, Any]]:
+        """One plan per output: its name, records, seed and the segment pieces it reads."""
+        t = self.seq_len
+        starts = np.concatenate([[0], np.cumsum(units[:, 1])]).astype(np.int64)
+        if self.shard_batches is None:
+            bounds = [(0, records, self.seed, os.path.basename(self.path))]
+        else:
+            per = self.shard_batches * self.batch_size
+            bounds = [
+                (
+                    i * per,
+                    min(per, records - i * per),
+                    dataset_shard_seed(self.seed, i),
+                    SHARD_PATTERN.format(i),
+                )
+                for i in range(-(-records // per))
+            ]
+        plans = []
+        for index, (first, count, seed, name) in enumerate(bounds):
+            lo, hi = first * t, (first + count) * t
+            pieces = []
+            u = int(np.searchsorted(starts, lo, side="right")) - 1
+            while lo < hi:
+                take = min(hi, int(starts[u + 1])) - lo
+                if take > 0:
+                    pieces.append([int(units[u, 0]), lo - int(starts[u]), take])
+                lo += take
+                u += 1
+            plans.append(
+                {
+                    "index": index,
+                    "name": name,
+                    "first": first,
+                    "records": count,
+                    "seed": seed,
+                    "pieces": pieces,
+                }
+            )
+        return plans
+
+    def _commit(self, returns: list[list[list[int]]]) -> SinkResult:
+        units = self._units(returns)
+        total = int(units[:, 1].sum())
+        records = total // self.seq_len
+        batches_possible = records // self.batch_size
+        if batches_possible == 0 and not self.allow_empty:
+            what = "dataset" if self.shard_batches is not None else "output"
+            raise WriteError(
+                f"{self.path}: the {what} would hold 0 batches: {plural(records, 'record')} of "
+                f"{self.seq_len} tokens, fewer than batch_size={self.batch_size}; pass "
+                "allow_empty=True (--allow-empty on the command line) to write it anyway"
+            )
+        self.check_target()
+        if self.shard_batches is not None:
+            os.makedirs(self.path, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):  # the replaced dataset's, if any
+                os.unlink(os.path.join(self.path, MANIFEST_NAME))
+        plans = self._plans(units, records)
+        self._planned = [p["name"] for p in plans]
+        written = self._write_outputs(plans)
+        counts = {k: int(units[:, 2 + i].sum()) for i, k in enumerate(_COUNT_COLUMNS)}
+        if self.shard_batches is None:
+            batches = int(written[0]["batches"])
+            return SinkResult(
+                records, batches, total, len(units), counts, os.path.getsize(self.path), None
+            )
+        shards = [_shard_from_json(w["shard"]) for w in written]
+        checksums = [np.frombuffer(w["checksums"], dtype="<u8") for w in written]
+        manifest = commit_manifest(
+            self.path,
+            shards,
+            checksums,
+            self.batch_size,
+            self.seq_len,
+            self.seed,
+            self._sources(units, records),
+            self.overwrite,
+        )
+        self._planned = []  # committed: the shards are the dataset's now
+        kept = {s.name for s in shards}
+        for name in shard_file_names(self.path):
+            if name not in kept:  # the replaced dataset's shards
+                os.unlink(os.path.join(self.path, name))
+        size = sum(s.size for s in shards)
+        size += sum(
+            os.path.getsize(os.path.join(self.path, n)) for n in (MANIFEST_NAME, CHECKSUMS_NAME)
+        )
+        return SinkResult(records, manifest.num_batches, total, len(units), counts, size, manifest)
+
+    def _sources(self, units: npt.NDArray[np.int64], records: int) -> list[Source]:
+        """Each input file's range of records: those whose first token lies in its units."""
+        if not self.files:
+            return []
+        starts = np.concatenate([[0], np.cumsum(units[:, 1])]).astype(np.int64)
+        position = {int(u): i for i, u in enumerate(units[:, 0])}
+        t = self.seq_len
+        begins = []
+        for f in self.files:
+            i = position.get(f.first_unit, len(units))
+            begins.append(min(-(-int(starts[i]) // t), records))
+        ends = [*begins[1:], records]
+        return [
+            Source(os.path.abspath(f.path), (a, z))
+            for f, a, z in zip(self.files, begins, ends, strict=True)
+        ]
+
+    def _write_outputs(self, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Write every planned output in a Ray Data write of its own (one task per output, the
+        same retries as the segments' write tasks); the results in plan order."""
+        if not plans:
+            return []
+        items = [{"plan": json.dumps(p)} for p in plans]
+        outputs = _OutputsDatasink(self)
+        ray.data.from_items(items, override_num_blocks=len(items)).write_datasink(
+            outputs,
+            ray_remote_args={"num_cpus": 1, **self._retry_args()},
+            concurrency=None if self.concurrency is None else min(self.concurrency, len(plans)),
+        )
+        rows = sorted(outputs.results, key=lambda r: int(r["index"]))
+        if [int(r["index"]) for r in rows] != list(range(len(plans))):
+            raise WriteError(
+                f"{self.path}: the output tasks returned {len(rows)} results for "
+                f"{len(plans)} outputs"
+            )
+        return rows
+
+    def write_output(self, plan: dict[str, Any]) -> dict[str, Any]:
+        """Write one planned output (a shard, or the single file) from the segments.
+
+        Runs in a Ray task; returns plain data: the shard's manifest entry (JSON) and its
+        slot checksums (bytes), or the file's batch count.
+        """
+        directory = self.path if self.shard_batches is not None else os.path.dirname(self.path)
+        target = os.path.join(directory, plan["name"])
+        count, first = int(plan["records"]), int(plan["first"])
+        batches = write_batch_dataset(
+            target,
+            self.output_records(plan),
+            count,
+            self.batch_size,
+            self.seq_len,
+            int(plan["seed"]),
+            overwrite=True,  # a retry replaces a file its dead attempt completed
+            allow_empty=True,
+        )
+        if self.shard_batches is None:
+            return {"index": plan["index"], "batches": batches, "shard": "", "checksums": b""}
+        with BatchFileReader(target) as reader:
+            shard = describe_shard(reader, plan["name"], (first, first + count))
+            sums = slot_checksums(reader).astype("<u8").tobytes()
+        return {
+            "index": plan["index"],
+            "batches": batches,
+            "shard": _shard_json(shard),
+            "checksums": sums,
+        }
+
+    def output_records(self, plan: dict[str, Any]) -> Iterator[npt.NDArray[np.uint32]]:
+        """The records of one output as ``[k, seq_len]`` blocks of about ``CHUNK_BYTES``, read
+        piece by piece from the segments with positioned reads."""
+        t = self.seq_len
+        per = max(1, CHUNK_BYTES // (t * _TOKEN_BYTES)) * t  # tokens per block
+        pending: list[npt.NDArray[np.uint32]] = []
+        have = 0
+        for unit, start, length in plan["pieces"]:
+            path = os.path.join(self.work_dir, _segment_name(int(unit)))
+            with open(path, "rb") as f:
+                for at in range(0, int(length), per):
+                    n = min(per, int(length) - at)
+                    data = os.pread(f.fileno(), n * _TOKEN_BYTES, (int(start) + at) * _TOKEN_BYTES)
+                    if len(data) != n * _TOKEN_BYTES:
+                        raise WriteError(
+                            f"{path}: segment of unit {unit} is shorter than its write task "
+                            f"reported (expected {n * _TOKEN_BYTES:,} bytes at token "
+                            f"{int(start) + at:,}, got {len(data):,}): the work directory was "
+                            "changed during the job"
+                        )
+                    pending.append(np.frombuffer(data, dtype=_LE_U32).astype(np.uint32))
+                    have += n
+                    if have >= per:
+                        buf = np.concatenate(pending)
+                        full = have // per * per
+                        for r0 in range(0, full, per):
+                            yield buf[r0 : r0 + per].reshape(-1, t)
+                        pending, have = [buf[full:]], have - full
+        if have:
+            yield np.concatenate(pending).reshape(-1, t)
+
+    def _discard(self) -> None:
+        """Remove the outputs this job wrote but did not commit."""
+        directory = self.path if self.shard_batches is not None else os.path.dirname(self.path)
+        for name in getattr(self, "_planned", []):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
+        self._planned = []
+
+
+class _OutputsDatasink(Datasink[list[dict[str, Any]]]):
+    """The second write of an :class:`LLMBatchDatasink`: rows of output plans (JSON), each
+    written by ``owner.write_output`` in a write task; the results kept for the commit."""
+
+    def __init__(self, owner: LLMBatchDatasink) -> None:
+        self.owner = owner
+        self.results: list[dict[str, Any]] = []
+
+    def write(self, blocks: Iterable[Block], ctx: TaskContext) -> list[dict[str, Any]]:
+        plans = [
+            json.loads(p)
+            for block in blocks
+            for p in BlockAccessor.for_block(block).to_arrow().column("plan").to_pylist()
+        ]
+        return [self.owner.write_output(plan) for plan in plans]
+
+    def on_write_complete(self, write_result: WriteResult[list[dict[str, Any]]]) -> None:
+        self.results = [r for task in write_result.write_returns for r in task]
+
+
+def _shard_json(shard: Shard) -> str:
+    return json.dumps(dataclasses.asdict(shard))
+
+
+def _shard_from_json(text: str) -> Shard:
+    d = json.loads(text)
+    records = None if d["records"] is None else (int(d["records"][0]), int(d["records"][1]))
+    return Shard(**{**d, "records": records})
+
+
+# --- the pipeline -------------------------------------------------------------------------------
+
+
+def segments_dataset(
+    units: Sequence[Unit],
+    tokenizer: str,
+    seq_len: int,
+    *,
+    mode: Mode = "pack",
+    pad_id: int | None = None,
+    text_field: str = "text",
+    per_line: bool = False,
+    workers: int = 1,
+    cpus_per_worker: float = 1.0,
+) -> ray.data.Dataset:
+    """The segment rows of ``units`` (lazy): one block per unit, read and tokenized by a pool of
+    ``workers`` :class:`TokenizeUnits` actors of ``cpus_per_worker`` CPUs each, built from the
+    tokenizer's JSON description ``tokenizer``. Write them with :class:`LLMBatchDatasink`."""
+    ds_units = max(1, len(units))  # an actor per unit at most
+    ds = ray.data.from_items([u.row() for u in units], override_num_blocks=ds_units)
+    return ds.map_batches(
+        TokenizeUnits,
+        fn_constructor_args=(tokenizer, seq_len),
+        fn_constructor_kwargs={
+            "mode": mode,
+            "pad_id": pad_id,
+            "text_field": text_field,
+            "per_line": per_line,
+        },
+        batch_size=1,
+        compute=ray.data.ActorPoolStrategy(size=min(int_arg("workers", workers, 1), ds_units)),
+        num_cpus=cpus_per_worker,
+    )
+
+
+def _zerobatch_cause(error: BaseException) -> BaseException | None:
+    """The ZeroBatch error a Ray task raised, found inside Ray's wrappers (``RayTaskError``
+    keeps the task's exception as ``cause``), or ``None``."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ray.exceptions.RayTaskError):
+            todo.append(e.cause)  # itself an instance of the cause's class, with Ray's message
+        elif isinstance(e, ZeroBatchError):
+            return e
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
+def convert_with_ray(
+    sources: Sequence[str],
+    output: str,
+    *,
+    seq_len: int,
+    batch_size: int,
+    seed: int = 0,
+    tokenizer: str = "byte",
+    mode: Mode = "pack",
+    pad_id: int | None = None,
+    text_field: str = "text",
+    per_line: bool = False,
+    shard_batches: int | None = None,
+    overwrite: bool = False,
+    allow_empty: bool = False,
+    workers: int | None = None,
+    cpus_per_worker: float = 1.0,
+    address: str | None = None,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    show_progress: bool = True,
+    kind: str | None = None,
+) -> ConvertSummary:
+    """``convert`` of text sources on a Ray cluster: the same output, byte for byte.
+
+    Arguments are ``convert``'s (``text_field``, ``per_line``, ``mode``, ``pad_id``,
+    ``tokenizer``, ``shard_batches``, ...), plus:
+
+    - ``workers``: tokenizer actors (default: the cluster's CPUs divided by
+      ``cpus_per_worker``, at least one), each reserving ``cpus_per_worker`` CPUs; also the
+      most write and output tasks at a time;
+    - ``address``: the cluster to join (``ray.init(address=...)``; default: the one this
+      process is connected to, else ``RAY_ADDRESS``, else a new local cluster, shut down at
+      the end);
+    - ``max_retries``: per task; ``show_progress``: Ray Data's progress display.
+
+    Everything is checked before the cluster does any work: sources, tokenizer, options, the
+    output, and the parquet files' columns.
+    """
+    t = int_arg("seq_len", seq_len, 1, U32_MAX, IngestError)
+    b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
+    paths = [os.fspath(s) for s in sources]
+    found = kind or detect_kind(paths)
+    if found != "text":
+        raise IngestError(
+            f"the Ray engine converts text (.parquet, .jsonl, .json, .txt), not {found} sources; "
+            "nanoGPT shards and .npy arrays are tokens already: convert them with the local engine"
+        )
+    src = TextSource(
+        paths, tokenizer, t, field=text_field, per_line=per_line, mode=mode, pad_id=pad_id
+    )
+    if mode == "pad" and pad_id is None:
+        pad_id = src.tokenizer.eos_id
+    description = src.tokenizer.to_json()
+    read_description(description)  # a tokenizer that cannot describe itself fails here
+    units, files = plan_units(src.files, text_field=text_field)
+    sink = LLMBatchDatasink(
+        output,
+        seq_len=t,
+        batch_size=b,
+        seed=seed,
+        shard_batches=shard_batches,
+        files=files,
+        num_units=len(units),
+        overwrite=overwrite,
+        allow_empty=allow_empty,
+        max_retries=max_retries,
+        inputs=src.files,
+    )
+    sink.check_target()
+    started = not ray.is_initialized()
+    if started:
+        level = logging.INFO if show_progress else logging.ERROR
+        ray.init(address=address, logging_level=level, log_to_driver=show_progress)
+    context = ray.data.DataContext.get_current()
+    logger = logging.getLogger("ray.data")
+    saved = (context.enable_progress_bars, context.raise_original_map_exception, logger.level)
+    try:
+        context.enable_progress_bars = show_progress
+        context.raise_original_map_exception = True  # an IngestError stays one
+        if not show_progress:
+            logger.setLevel(logging.ERROR)
+        resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        cpus = float(resources.get("CPU", 1.0))
+        n = workers or max(1, int(cpus / cpus_per_worker))
+        sink.concurrency = n
+        start = time.perf_counter()
+        segments = segments_dataset(
+            units,
+            description,
+            t,
+            mode=mode,
+            pad_id=pad_id,
+            text_field=text_field,
+            per_line=per_line,
+            workers=n,
+            cpus_per_worker=cpus_per_worker,
+        )
+        try:
+            segments.write_datasink(
+                sink, ray_remote_args=sink.remote_args, concurrency=min(n, max(1, len(units)))
+            )
+        except Exception as e:
+            cause = _zerobatch_cause(e)
+            if cause is None:
+                raise
+            raise cause from None
+        seconds = time.perf_counter() - start
+    finally:
+        context.enable_progress_bars, context.raise_original_map_exception, level = saved
+        logger.setLevel(level)
+        if started:
+            ray.shutdown()
+    result = sink.result
+    assert result is not None
+    return _summary(src, output, mode, result, b, t, seconds, shard_batches is not None)
+
+
+def _summary(
+    src: TextSource,
+    output: str,
+    mode: Mode,
+    result: SinkResult,
+    b: int,
+    t: int,
+    seconds: float,
+    sharded: bool,
+) -> ConvertSummary:
+    """The local conversion's summary, from the sink's counts."""
+    c = result.counts
+    stats = PackingStats(
+        mode=mode,
+        seq_len=t,
+        documents=c["documents"],
+        tokens=c["doc_tokens"],
+        records=result.records,
+        padding_tokens=c["padding_tokens"],
+        truncated_documents=c["truncated_documents"],
+        truncated_tokens=c["truncated_tokens"],
+        dropped_tail_tokens=result.stream_tokens - result.records * t,
+    )
+    src.stats = stats
+    kept = result.batches * b
+    source_tokens, drops = _drops(src, result.records, kept, b, t)
+    return ConvertSummary(
+        output=output,
+        kind="text",
+        records=kept,
+        batches=result.batches,
+        dropped_records=result.records - kept,
+        tokens=kept * t,
+        output_bytes=result.output_bytes,
+        seconds=seconds,
+        records_read=result.records,
+        source_tokens=source_tokens,
+        dropped_tokens=sum(d.tokens for d in drops),
+        drops=drops,
+        padding_fraction=float(stats.padding_fraction),
+        packing=stats.to_dict(),
+        shards=len(result.manifest.shards) if sharded and result.manifest else None,
+    )
+
+
+__all__ = [
+    "DEFAULT_MAX_RETRIES",
+    "InputFile",
+    "LLMBatchDatasink",
+    "SinkResult",
+    "TokenizeUnits",
+    "Unit",
+    "convert_with_ray",
+    "plan_units",
+    "segments_dataset",
+]
