@@ -585,10 +585,12 @@ def seal(
 ) -> tuple[LiveManifest, list[tuple[str, bytes]]]:
     """Move whole runs of ``segment_size`` entries from the tail into sealed segments.
 
-    Returns the new manifest and the segment objects ``(name, bytes)`` to write before it.
-    A segment's bytes depend only on its entries, which never change once committed, so two
-    producers sealing the same run write the same object. ``digest`` maps bytes to their
-    16-digit XXH3-64.
+    Returns the new manifest and the segment objects ``(name, bytes)`` to write before the
+    version that lists them. Writers seal a *committed* version (the base of their commit,
+    before their own entries are appended): a segment's bytes then depend only on committed
+    entries, which never change, so every writer that seals the same run writes the same
+    object, and a commit that loses its race leaves nothing that differs. ``digest`` maps bytes
+    to their 16-digit XXH3-64.
     """
     tail, refs, objects = list(manifest.tail), list(manifest.segments), []
     while len(tail) >= segment_size:

@@ -53,7 +53,9 @@ class S3Server:
     def __init__(self) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, **CREDENTIALS}
+        # Objects stay in memory: moto spools larger ones to disk and reads the whole object
+        # back for every ranged GET, which would make a range's cost the object's size.
+        env = {**os.environ, **CREDENTIALS, "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(2**30)}
         self._process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,

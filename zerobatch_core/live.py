@@ -54,6 +54,7 @@ from zerobatch_spec.live import (
     CommitConflictError,
     Descriptor,
     Entry,
+    LiveManifest,
     LiveViolation,
     batch_name,
     build_descriptor,
@@ -246,47 +247,59 @@ class LiveProducer:
         return True
 
     def _attempt(self) -> bool:
-        """One commit attempt on the newest known version; on conflict, rebase on the winner."""
+        """One commit attempt: read the newest version, build the next on it and create it.
+
+        The time from that read to the end of the create is the fragile window the cadence
+        measures: another commit landing inside it is a conflict, after which this producer
+        rebases on the winner (its items already there are dropped) for its next attempt.
+        """
         started = time.monotonic()
+        writers = self._rebase(self.chain.after(self.base.version, list_on_gap=False))
+        if not self._pending:  # a twin (or an earlier life) committed everything already
+            return True
+        # Only entries the base has committed are sealed: a segment's bytes are then the same
+        # whoever writes it, and a commit that loses its race leaves no segment of its own.
+        sealed, segments = seal(self.base, self.descriptor.segment_size, _digest)
         try:
             candidate, _ = commit_entries(
-                self.base, self.producer_id, self._pending, secrets.token_hex(8)
+                sealed, self.producer_id, self._pending, secrets.token_hex(8)
             )
         except CommitConflictError as e:
             raise LiveError(f"{self.store.url}: {e}") from None
-        candidate, segments = seal(candidate, self.descriptor.segment_size, _digest)
         for name, data in segments:
-            self.store.write(name, data)  # deterministic bytes: a racing twin writes the same
+            self.store.write(name, data)
         created = self.store.create(
             manifest_name(candidate.version), build_live_manifest(candidate)
         )
         now = time.monotonic()
-        writers: list[str]
         if created:
-            writers = [self.producer_id]
+            writers.append(self.producer_id)
             self.stats.commits += 1
             self.stats.batches += candidate.batches - self.base.batches
             self.base = candidate
             self._pending.clear()
+            self.committed = self.offset
         else:
-            newer = self.chain.after(self.base.version)
-            writers = [m.writer for m in newer]
-            self.base = newer[-1] if newer else self.chain.latest()
             self.stats.conflicts += 1
-            state = self.base.producers.get(self.producer_id)
-            done = state.offset if state else 0
-            self._pending = [e for e in self._pending if e.offset + e.num_batches > done]
-        self.committed = (
-            self.base.producers[self.producer_id].offset
-            if (self.producer_id in self.base.producers)
-            else 0
-        )
+            newer = self.chain.after(self.base.version)
+            writers += self._rebase(newer if newer else [self.chain.latest()])
         window = now - started
         self.stats.attempts += 1
         self.stats.manifest_seconds += window
         self.stats.windows.append(window)
         self.cadence.observe(window, not created, writers, now)
         return created
+
+    def _rebase(self, newer: list[LiveManifest]) -> list[str]:
+        """Move the base to the newest of ``newer``, dropping pending items it already holds;
+        the writers of the versions read."""
+        if not newer:
+            return []
+        self.base = newer[-1]
+        state = self.base.producers.get(self.producer_id)
+        self.committed = state.offset if state else 0
+        self._pending = [e for e in self._pending if e.offset + e.num_batches > self.committed]
+        return [m.writer for m in newer]
 
     def close(self) -> None:
         """Commit what is pending, then stop."""
