@@ -47,11 +47,11 @@ Determinism, and what is byte-identical to ``zerobatch convert``
 
 Memory
     A tokenizer task holds one unit (a row group's documents and tokens, or one JSONL or text
-    file: split very large JSONL files, or store them as parquet); a write task holds its
-    blocks of units; an output task holds the file writer's few ``CHUNK_BYTES`` (it knows its
-    record count, so it never spills); the driver holds seven integers per unit and the
-    checksums (8 bytes per batch). The disk holds the segments (4 bytes per token) until the
-    commit, beside the output.
+    file: split very large JSONL files, or store them as parquet); a write task holds the
+    segments Ray Data bundles for it (``WRITE_BUNDLE_BYTES``, 32 MiB, plus one unit); an output
+    task holds the file writer's few ``CHUNK_BYTES`` (it knows its record count, so it never
+    spills); the driver holds seven integers per unit and the checksums (8 bytes per batch).
+    The disk holds the segments (4 bytes per token) until the commit, beside the output.
 
 Failures and retries
     Ray Data retries a task whose worker died (``os._exit``, a lost node) and, through
@@ -128,6 +128,9 @@ WORK_DIR_NAME = ".zerobatch-ray"
 SEGMENTS_PER_DIRECTORY = 1000
 """Segments per subdirectory of the work directory: every atomic write lists its directory
 (``writer.remove_stale_temporaries``), so no directory may grow with the corpus."""
+
+WRITE_BUNDLE_BYTES = 4 * CHUNK_BYTES
+"""Bytes of segments one write task stores at least (the last task of a job may store less)."""
 
 DEFAULT_MAX_RETRIES = 3
 """Retries of a task that raised an ``OSError`` or whose worker died, before the job fails."""
@@ -423,6 +426,13 @@ class LLMBatchDatasink(Datasink[str]):
         so they reserve no CPU: tokenizer actors holding every CPU never starve them. An
         ``OSError`` is retried like a lost worker, up to ``max_retries`` times."""
         return {"num_cpus": 0, **self._retry_args()}
+
+    @property
+    def min_bytes_per_write(self) -> int:
+        """Segments gathered into one write task (Ray Data bundles blocks up to this size): a
+        write task per unit would start a fresh worker process for most units, since the write
+        tasks reserve no CPU and Ray stops their idle workers within a second."""
+        return WRITE_BUNDLE_BYTES
 
     def _retry_args(self) -> dict[str, Any]:
         retried = [OSError, ray.exceptions.RaySystemError]
