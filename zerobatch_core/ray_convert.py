@@ -100,17 +100,17 @@ from .dataset_build import (
     shard_file_names,
 )
 from .errors import IngestError, WriteError, ZeroBatchError
-from .ingest.convert import ConvertSummary, _drops, detect_kind, plural
+from .ingest.convert import ConvertSummary, conversion_drops, detect_kind, plural
 from .ingest.packing import Mode, PackingStats, pad_records
 from .ingest.text import (
     DEFAULT_BATCH_ROWS,
     Format,
     TextSource,
-    _is_string_type,
-    _one_line,
-    _row_group_documents,
     detect_format,
+    is_string_type,
+    one_line,
     read_documents,
+    row_group_documents,
 )
 from .reader import BatchFileReader
 from .tokenization import DEFAULT_BATCH_DOCS, import_optional, tokenize_documents
@@ -185,13 +185,13 @@ def _parquet_row_groups(path: str, column: str) -> int:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
-        raise IngestError(f"{path}: not a readable parquet file: {_one_line(e)}") from e
+        raise IngestError(f"{path}: not a readable parquet file: {one_line(e)}") from e
     try:
         schema = pf.schema_arrow
         index = schema.get_field_index(column)
         if index < 0:
             raise IngestError(f"{path}: no column {column!r} (columns: {', '.join(schema.names)})")
-        if not _is_string_type(pa, schema.field(index).type):
+        if not is_string_type(pa, schema.field(index).type):
             raise IngestError(
                 f"{path}: column {column!r} has type {schema.field(index).type}, "
                 f"expected a string column"
@@ -265,9 +265,9 @@ class TokenizeUnits:
             try:
                 pf = pq.ParquetFile(path, page_checksum_verification=True)
             except errors as e:
-                raise IngestError(f"{path}: not a readable parquet file: {_one_line(e)}") from e
+                raise IngestError(f"{path}: not a readable parquet file: {one_line(e)}") from e
             try:
-                yield from _row_group_documents(
+                yield from row_group_documents(
                     pf, path, part, self.text_field, self.batch_rows, errors
                 )
             finally:
@@ -953,7 +953,7 @@ def _summary(
     )
     src.stats = stats
     kept = result.batches * b
-    source_tokens, drops = _drops(src, result.records, kept, b, t)
+    source_tokens, drops = conversion_drops(src, result.records, kept, b, t)
     return ConvertSummary(
         output=output,
         kind="text",

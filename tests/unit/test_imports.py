@@ -6,7 +6,21 @@ import json
 import subprocess
 import sys
 
-OPTIONAL = ("torch", "jax", "jaxlib", "tensorflow", "keras", "pyarrow", "tokenizers", "tiktoken")
+OPTIONAL = (
+    "torch",
+    "jax",
+    "jaxlib",
+    "tensorflow",
+    "keras",
+    "pyarrow",
+    "tokenizers",
+    "tiktoken",
+    "ray",
+    "obstore",
+    "fsspec",
+    "s3fs",
+    "boto3",
+)
 
 
 def test_core_and_adapters_package_import_no_framework() -> None:

@@ -299,7 +299,7 @@ def source_files(src: RecordSource) -> list[str]:
     return []
 
 
-def _drops(
+def conversion_drops(
     src: RecordSource, read: int, kept: int, batch_size: int, seq_len: int
 ) -> tuple[int | None, list[Drop]]:
     """The source's token count (where known) and every drop of the conversion, by reason."""
@@ -371,7 +371,7 @@ def convert(
     )
     seconds = time.perf_counter() - counted.start
     kept = batches * b
-    source_tokens, drops = _drops(src, counted.records, kept, b, t)
+    source_tokens, drops = conversion_drops(src, counted.records, kept, b, t)
     stats = getattr(src, "stats", None)
     return ConvertSummary(
         output=output,
@@ -539,7 +539,7 @@ def _convert_sharded(
     )
     seconds = time.perf_counter() - counted.start
     kept = manifest.num_batches * b
-    source_tokens, drops = _drops(src, counted.records, kept, b, t)
+    source_tokens, drops = conversion_drops(src, counted.records, kept, b, t)
     stats = getattr(src, "stats", None)
     size = sum(s.size for s in manifest.shards)
     size += sum(os.path.getsize(os.path.join(output, n)) for n in (MANIFEST_NAME, CHECKSUMS_NAME))

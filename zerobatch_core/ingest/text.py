@@ -49,12 +49,12 @@ _BOM = "\ufeff"
 # --- parquet ----------------------------------------------------------------------------------
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     """An exception's message on one line (pyarrow's span several, with trailing newlines)."""
     return " ".join(str(e).split())
 
 
-def _is_string_type(pa: Any, t: Any) -> bool:
+def is_string_type(pa: Any, t: Any) -> bool:
     types = pa.types
     view = getattr(types, "is_string_view", None)  # pyarrow >= 16
     return bool(types.is_string(t) or types.is_large_string(t) or (view is not None and view(t)))
@@ -87,7 +87,7 @@ def _parquet_documents(
         try:
             pf = pq.ParquetFile(path, page_checksum_verification=True)
         except errors as e:
-            raise IngestError(f"{path}: not a readable parquet file: {_one_line(e)}") from e
+            raise IngestError(f"{path}: not a readable parquet file: {one_line(e)}") from e
         try:
             schema = pf.schema_arrow
             index = schema.get_field_index(column)
@@ -95,18 +95,18 @@ def _parquet_documents(
                 raise IngestError(
                     f"{path}: no column {column!r} (columns: {', '.join(schema.names)})"
                 )
-            if not _is_string_type(pa, schema.field(index).type):
+            if not is_string_type(pa, schema.field(index).type):
                 raise IngestError(
                     f"{path}: column {column!r} has type {schema.field(index).type}, "
                     f"expected a string column"
                 )
             for rg in range(pf.num_row_groups):
-                yield from _row_group_documents(pf, path, rg, column, batch_rows, errors)
+                yield from row_group_documents(pf, path, rg, column, batch_rows, errors)
         finally:
             pf.close()
 
 
-def _row_group_documents(
+def row_group_documents(
     pf: Any,
     path: str,
     rg: int,
@@ -131,7 +131,7 @@ def _row_group_documents(
         except errors as e:
             raise IngestError(
                 f"{path}: row group {rg} (rows from {row}): cannot read column {column!r}: "
-                f"{_one_line(e)}"
+                f"{one_line(e)}"
             ) from e
         yield from texts
         row += len(texts)
