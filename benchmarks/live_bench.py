@@ -4,9 +4,10 @@ for the adaptive commit cadence (DAC) and fixed cadences.
 For each policy, a fresh live dataset on the loopback S3-compatible server (moto,
 ``tests/s3server.py``) receives ``--batches`` global batches of ``[8, 512]`` uint32 (16 KiB,
 one object each) from ``--producers`` producer processes (an equal share each), while one
-consumer process reads every batch as it is committed (``LiveSource``, whole batches, each
-checked against its checksum). Producers log every commit attempt (time, the version's batch
-count, fragile window, conflict); the consumer logs its progress. The report cuts the run into
+consumer process reads every batch as it is committed (a ``BatchNativeLoader`` over a
+``LiveSource``: whole batches, each checked against its checksum, committed ones fetched
+ahead). Producers log every commit attempt (time, the version's batch count, fragile window,
+conflict); the consumer logs its progress. The report cuts the run into
 buckets of 2,000 committed batches and gives, per bucket: producer commits/s, batches
 committed/s, the conflict rate of attempts, the mean fragile window, and consumer MB/s.
 
@@ -87,12 +88,15 @@ def _stats(p: Any) -> dict[str, Any]:
 
 
 def consume(url: str, total: int, log: str) -> None:
-    """The consumer process: every batch in commit order, a log line every 100."""
+    """The consumer process: a loader over the live dataset (committed batches fetched ahead
+    of it), every batch in commit order, a log line every 100."""
+    from zerobatch_core import BatchNativeLoader
     from zerobatch_core.live_source import LiveSource
 
     with LiveSource(url, timeout=600) as source, open(log, "w") as out:
+        items = iter(BatchNativeLoader(source, dtype="uint32"))
         for g in range(total):
-            source.read_batch(g)
+            next(items)
             if g % 100 == 99 or g == total - 1:
                 out.write(json.dumps({"t": time.time(), "read": g + 1}) + "\n")
                 out.flush()

@@ -11,7 +11,9 @@ Vector files in DIR:
 * ``<id>.expected.json``: ``{"id", "comment", "flags", "input", "expected"}``;
 * ``index.json``: every vector's id, input, flags and comment, in order.
 
-The file and query vectors are made here; the dataset vectors in ``dataset_vectors.py``.
+The file and query vectors are made here; the dataset vectors in ``dataset_vectors.py``, the
+live-dataset vectors (``<id>.live``: a descriptor and one manifest version) in
+``live_vectors.py``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from zerobatch_spec import (
 from zerobatch_spec.layout import RESERVED_SIZE
 
 from .dataset_vectors import dataset_query_vectors, dataset_vectors
+from .live_vectors import live_vectors
 from .vector import (
     Vector,
     assemble,
@@ -569,6 +572,7 @@ ALL: tuple[Callable[[], Iterator[Vector]], ...] = (
     query_vectors,
     dataset_vectors,
     dataset_query_vectors,
+    live_vectors,
 )
 
 DATASET_FOLDER_README = (

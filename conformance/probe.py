@@ -37,6 +37,8 @@ from zerobatch_core.dataset import DatasetError, DatasetReader, file_slot_checks
 from zerobatch_core.order import BlockOrder, sharded_order
 from zerobatch_core.validation import find_padding_violation
 
+from .live_probe import describe_live
+
 INVALID_QUERY = "invalid_query"
 """The ``error`` of a query that is not a JSON object with the fields its ``op`` needs, each a
 JSON integer in its range (``PROTOCOL.md``)."""
@@ -194,6 +196,8 @@ def probe(path: str) -> dict[str, Any]:
     """Answer the vector at ``path`` per ``PROTOCOL.md``."""
     if path.rstrip(os.sep).endswith(DATASET_SUFFIX):
         return describe_dataset(path)
+    if path.rstrip(os.sep).endswith(LIVE_SUFFIX):
+        return describe_live(path)
     if not path.endswith(".query.json"):
         return describe_batch_file(path)
     try:
@@ -209,6 +213,9 @@ def probe(path: str) -> dict[str, Any]:
 
 DATASET_SUFFIX = ".dataset"
 """Name ending of a dataset directory vector (``PROTOCOL.md``)."""
+
+LIVE_SUFFIX = ".live"
+"""Name ending of a live-dataset vector: a descriptor and one manifest version."""
 
 BATCH_SUFFIX = b".batch"
 """Name ending of the directory entries deep validation counts as shards (``extra_shard``)."""

@@ -23,8 +23,9 @@ from .generate import default_directory
 
 DEFAULT_TIMEOUT_S = 120.0
 
-KINDS = ("file", "dataset", "query")
-"""Kinds of vector, by input name: ``*.batch`` files, ``*.dataset`` directories, queries."""
+KINDS = ("file", "dataset", "query", "live")
+"""Kinds of vector, by input name: ``*.batch`` files, ``*.dataset`` directories, queries,
+``*.live`` live-dataset manifests."""
 
 DATASET_KEYS = (
     "batch_size",
@@ -37,13 +38,18 @@ DATASET_KEYS = (
 )
 """What a valid dataset's answer must state exactly (``PROTOCOL.md``)."""
 
+LIVE_KEYS = ("version", "batches", "start", "segments", "entries", "producers")
+"""What a valid live manifest's answer must state exactly (``PROTOCOL.md``)."""
+
 
 def vector_kind(input_name: str) -> str:
-    """``file``, ``dataset`` or ``query``, from a vector's input name."""
+    """``file``, ``dataset``, ``query`` or ``live``, from a vector's input name."""
     if input_name.endswith(".query.json"):
         return "query"
     if input_name.endswith(".dataset"):
         return "dataset"
+    if input_name.endswith(".live"):
+        return "live"
     return "file"
 
 
@@ -112,7 +118,8 @@ def _compare(expected: dict[str, Any], got: dict[str, Any]) -> str:
     if got.get("valid") is not True:
         return f"expected a valid input, got error {got.get('error')}"
     file_keys = ("header", "padded_batch_bytes", "batch_sha256")
-    for key in DATASET_KEYS if "shard_batches" in expected else file_keys:
+    keys = DATASET_KEYS if "shard_batches" in expected else file_keys
+    for key in LIVE_KEYS if "entries" in expected else keys:
         if got.get(key) != expected[key]:
             return f"{key} differs: expected {expected[key]!r:.200}, got {got.get(key)!r:.200}"
     return ""
@@ -123,6 +130,8 @@ def derived_queries(
 ) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """The orders a valid file or dataset vector pins, as ``(check id, query, expected)``."""
     out: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    if "entries" in expected:  # a live manifest pins no order of its own
+        return out
     if "shard_batches" in expected:
         for case in expected["dataset_orders"]:
             suffix = "" if case["shuffle"] else "-unshuffled"

@@ -1,8 +1,13 @@
 """A real S3-compatible HTTP server on loopback for tests and benchmarks, with a counting,
 fault-injecting proxy in front of it.
 
-``S3Server`` starts moto's standalone server (``python -m moto.server``) as a child process
-on a free loopback port, and stops it. ``S3Proxy`` is an HTTP proxy between a client and that
+``S3Server`` starts moto's standalone server as a child process on a free loopback port, and
+stops it. moto checks ``If-None-Match: *`` and then writes, two steps that concurrent requests
+can interleave, so two conditional creates of one key can both succeed (a store that breaks
+live datasets, which ``probe_conditional_create`` detects). S3 makes the check and the write
+one atomic step; so does this server, by running moto's own WSGI application behind a lock
+taken by conditional PUTs (``serve``; ``linearizable=False`` runs moto as it comes, for the
+test that the probe refuses it). ``S3Proxy`` is an HTTP proxy between a client and that
 server: it counts every request and the body bytes of every response (the bytes a rank
 fetched, as the server side sees them), and on a chosen fraction of requests it answers ``503
 SlowDown`` or drops the connection (before answering, or halfway through the body), so that
@@ -12,6 +17,7 @@ retries can be tested against real sockets. Clients reach the proxy through
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import http.client
 import os
@@ -22,8 +28,9 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 CREDENTIALS = {
@@ -50,18 +57,23 @@ def free_port() -> int:
 class S3Server:
     """moto's S3-compatible server as a child process on a free loopback port."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, linearizable: bool = True) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         # Objects stay in memory: moto spools larger ones to disk and reads the whole object
         # back for every ranged GET, which would make a range's cost the object's size.
         env = {**os.environ, **CREDENTIALS, "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(2**30)}
+        command = ["-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        if linearizable:
+            command = ["-m", "tests.s3server", str(self.port)]
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, *command],
+            cwd=Path(__file__).resolve().parent.parent,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=env,
         )
+        atexit.register(self.stop)  # a script that fails before stopping it leaves no server
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -226,3 +238,26 @@ def environment(endpoint: str) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def serve(port: int) -> None:
+    """Run moto's S3 application on ``127.0.0.1:port``, conditional PUTs made atomic."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import run_simple
+
+    app = DomainDispatcherApplication(create_backend_app)
+    lock = threading.Lock()
+
+    def linearized(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        conditional = environ.get("HTTP_IF_NONE_MATCH") or environ.get("HTTP_IF_MATCH")
+        if environ.get("REQUEST_METHOD") == "PUT" and conditional:
+            with lock:  # the check and the write as one step, as S3 does them
+                return list(app(environ, start_response))
+        result: Iterable[bytes] = app(environ, start_response)
+        return result
+
+    run_simple("127.0.0.1", port, linearized, threaded=True)
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

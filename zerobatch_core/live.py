@@ -268,11 +268,11 @@ class LiveProducer:
             raise LiveError(f"{self.store.url}: {e}") from None
         for name, data in segments:
             self.store.write(name, data)
-        created = self.store.create(
-            manifest_name(candidate.version), build_live_manifest(candidate)
-        )
+        data = build_live_manifest(candidate)
+        created = self.store.create(manifest_name(candidate.version), data)
         now = time.monotonic()
         if created:
+            self._check_created(candidate, data)
             writers.append(self.producer_id)
             self.stats.commits += 1
             self.stats.batches += candidate.batches - self.base.batches
@@ -289,6 +289,19 @@ class LiveProducer:
         self.stats.windows.append(window)
         self.cadence.observe(window, not created, writers, now)
         return created
+
+    def _check_created(self, candidate: LiveManifest, data: bytes) -> None:
+        """Read the version just created back: another writer's bytes there mean the store let
+        two conditional creates of one key succeed, and this commit was overwritten."""
+        found = self.store.read(manifest_name(candidate.version))
+        if found != data:
+            raise ConditionalCreateUnsupportedError(
+                errno.ENOTSUP,
+                f"manifest version {candidate.version} was overwritten after this producer "
+                "created it: the store let two conditional creates of one key succeed (not "
+                "atomic under concurrent requests), so live datasets cannot use it",
+                self.store.url,
+            )
 
     def _rebase(self, newer: list[LiveManifest]) -> list[str]:
         """Move the base to the newest of ``newer``, dropping pending items it already holds;

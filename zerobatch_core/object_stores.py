@@ -91,6 +91,11 @@ class ObstoreStore(Store):
     def _size(self, key: str) -> int:
         return int(self._obs.head(self._store, key)["size"])
 
+    def _read_head(self, key: str, length: int) -> tuple[bytes, int]:
+        # A ranged GET answers the object's size too (Content-Range): no separate HEAD.
+        result = self._obs.get(self._store, key, options={"range": (0, length)})
+        return bytes(result.bytes()), int(result.meta["size"])
+
     def _write(self, key: str, data: bytes) -> None:
         self._obs.put(self._store, key, data)
 

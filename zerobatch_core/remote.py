@@ -176,8 +176,7 @@ class RemoteSource:
         if not key:
             self._open_dataset()
             return
-        size = self.store.size(key)
-        prefix = self.store.read_ranges(key, [(0, min(HEADER_SIZE, size))])[0]
+        prefix, size = self.store.read_head(key, HEADER_SIZE)
         checked = check_header(prefix, size)
         if isinstance(checked, Violation):
             raise FormatError(self.path, checked)
@@ -410,8 +409,8 @@ class RemoteSource:
         def fail(code: DatasetCode, detail: str) -> DatasetError:
             return DatasetError(where, DatasetViolation(code, entry.key, detail))
 
-        try:
-            size = self.store.size(entry.key)
+        try:  # the size and the header in one request; the size is checked first
+            prefix, size = self.store.read_head(entry.key, HEADER_SIZE)
         except FileNotFoundError:
             raise fail(DatasetCode.SHARD_MISSING, "listed in the manifest, not found") from None
         if entry.size is not None and size != entry.size:
@@ -419,7 +418,6 @@ class RemoteSource:
                 DatasetCode.SHARD_SIZE_MISMATCH,
                 f"object is {size} bytes, the manifest says {entry.size}",
             )
-        prefix = self.store.read_ranges(entry.key, [(0, min(HEADER_SIZE, size))])[0]
         checked = check_header(prefix, size)
         if isinstance(checked, Violation):
             raise FormatError(where, checked)

@@ -173,6 +173,18 @@ class Store:
         self.stats.add(len(ranges), read=sum(len(p) for p in parts))
         return parts
 
+    def read_head(self, key: str, length: int) -> tuple[bytes, int]:
+        """The first ``length`` bytes of object ``key`` (fewer if it is shorter) and its size:
+        one request where the store reports the size with a ranged read, two otherwise."""
+        found = self._call("read_head", key, lambda: self._read_head(key, length))
+        self.stats.add(1, read=len(found[0]))
+        return found
+
+    def _read_head(self, key: str, length: int) -> tuple[bytes, int]:
+        size = self._size(key)
+        end = min(length, size)
+        return (self._read_ranges(key, [(0, end)], 0)[0] if end else b""), size
+
     def size(self, key: str) -> int:
         """Size in bytes of object ``key``; ``FileNotFoundError`` if there is none."""
         value = self._call("size", key, lambda: self._size(key))

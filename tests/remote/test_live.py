@@ -243,3 +243,18 @@ def test_the_manifest_chain_reads_versions_and_segments(tmp_path: Path) -> None:
         latest.version - 1,
         latest.version,
     ]
+
+
+def test_a_commit_overwritten_by_a_racing_create_is_reported(tmp_path: Path) -> None:
+    class Racy(LocalStore):
+        """Passes the sequential probe, but a racing writer overwrites manifest versions."""
+
+        def _create(self, key: str, data: bytes) -> bool:
+            created = super()._create(key, data)
+            if created and key.startswith("manifests/") and not key.endswith("0000.json"):
+                self._write(key, data.replace(b'"writer":"p-0"', b'"writer":"p-9"'))
+            return created
+
+    producer = LiveProducer(Racy(tmp_path / "live"), "p-0", batch_size=B, seq_len=T, cadence=1)
+    with pytest.raises(ConditionalCreateUnsupportedError, match="was overwritten"):
+        producer.append(batch(0, 0))
