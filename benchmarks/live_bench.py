@@ -22,6 +22,7 @@ seconds is stopped and reported as far as it got.
     python benchmarks/live_bench.py                                  # ~10-20 min here
     python benchmarks/live_bench.py --batches 2000 --policies adaptive,1 --json live.json
     python benchmarks/live_bench.py --acceptance   # 8 producers x 200 batches, then report
+    python benchmarks/live_bench.py --retention    # storage with checkpoints every 10 steps
 
 The 1-minute load average is printed at the start and the end (2 shared cores; the server,
 the producers and the consumer all run on them).
@@ -212,6 +213,41 @@ def acceptance(endpoint: str, server: Any, work: Path) -> dict[str, Any]:
     return {"returncode": done.returncode, "wall_s": time.time() - t0, "tail": done.stdout[-600:]}
 
 
+def retention(server: Any, total: int = 400, k: int = 10, keep: int = 2) -> dict[str, Any]:
+    """Storage with checkpoints every ``k`` steps (the newest ``keep`` live) and a reclaim
+    after each, on the S3 server: bytes stored after each reclaim against all produced, and a
+    restore from every live checkpoint (``tests/remote/test_retention.py``'s loop)."""
+    from tests.remote.test_retention import SEGMENT, _train
+
+    bucket = f"zb-ret-{secrets.token_hex(4)}"
+    server.create_bucket(bucket)
+    url = f"s3://{bucket}/live"
+    sizes, states = _train(url, total, k, keep)
+    from zerobatch_core import BatchNativeLoader
+    from zerobatch_core.live_source import LiveSource
+
+    restored = 0
+    for mark, state in states.items():
+        with LiveSource(url, timeout=5) as source:
+            loader = BatchNativeLoader(source, dtype="uint32")
+            loader.load_state_dict(state)
+            items = iter(loader)
+            for _ in range(total - mark):
+                next(items)
+            restored += 1
+    slot = 8192  # one batch object: its header and one slot of [4, 16]
+    return {
+        "steps": total,
+        "checkpoint_every": k,
+        "live_checkpoints": keep,
+        "segment_size": SEGMENT,
+        "produced_bytes": total * slot,
+        "stored_bytes_after_reclaims": sizes,
+        "max_stored_late": max(sizes[len(sizes) // 2 :]),
+        "restores_from_live_checkpoints": restored,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
@@ -220,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", default="adaptive,1,10,100,adaptive-unsealed")
     parser.add_argument("--time-limit", type=float, default=300.0)
     parser.add_argument("--acceptance", action="store_true")
+    parser.add_argument("--retention", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.worker:
@@ -240,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.acceptance:
                 results["acceptance"] = acceptance(server.endpoint, server, work)
                 print(json.dumps(results["acceptance"], indent=2))
+            elif args.retention:
+                results["retention"] = retention(server)
+                print(json.dumps(results["retention"], indent=2))
             else:
                 for policy in args.policies.split(","):
                     r = run_policy(

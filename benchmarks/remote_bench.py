@@ -23,6 +23,9 @@ Measured, each in this process, in order:
   ``s3fs`` (``cat_ranges``, the fsspec convention): 64 concurrent 1 MiB ranges, and the 256
   per-row ranges (16 KiB each) of a context-parallel rank's share of 8 batches; MB/s and wall
   time and the GETs the server saw, median of ``--trials``, both through the counting proxy.
+- **faults**: one epoch through a proxy that answers 10% of requests ``503 SlowDown``, drops
+  5% of connections and cuts 5% of response bodies: the batches against a fault-free epoch
+  (every one, once, in order) and the client's retries by reason.
 
 Per-rank runs go through the counting proxy too (``tests/s3server.S3Proxy``), so the bytes and
 GETs are the server's count; the throughput runs talk to the server directly.
@@ -208,6 +211,37 @@ def clients(bucket: str, proxy: S3Proxy, trials: int) -> dict[str, Any]:
     return out
 
 
+def faults(url: str, server: S3Server) -> dict[str, Any]:
+    """One epoch through a proxy answering 10% of requests 503 SlowDown, dropping 5% of
+    connections before answering and cutting 5% of response bodies in half: the batches
+    against a fault-free epoch, and the retries by reason."""
+    from zerobatch_core import BatchStream
+
+    with BatchStream(url, dtype="uint32", seed=3) as clean:
+        expected = [np.array(item) for item in clean]
+    faulty = S3Proxy(server.endpoint, slowdown=0.10, drop=0.05, cut=0.05, seed=11)
+    try:
+        with environment(faulty.endpoint), BatchStream(url, dtype="uint32", seed=3) as stream:
+            start = time.perf_counter()
+            served = [np.array(item) for item in stream]
+            wall = time.perf_counter() - start
+            stats = stream.loader.source.store.stats.snapshot()  # type: ignore[union-attr]
+    finally:
+        faulty.stop()
+    same = len(served) == len(expected) and all(
+        np.array_equal(a, b) for a, b in zip(served, expected, strict=True)
+    )
+    return {
+        "batches": len(served),
+        "identical_in_order": same,
+        "requests_seen": faulty.counts["requests"],
+        "injected": {k: faulty.counts[k] for k in ("slowdowns", "drops", "cuts")},
+        "retries": stats["retries"],
+        "retry_reasons": stats["retry_reasons"],
+        "wall_s": wall,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=256)
@@ -258,6 +292,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"{name}: {r['mb_s']:.0f} MB/s, {r['wall_ms']:.1f} ms, {r['requests']:.0f} GETs"
                 )
         proxy.stop()
+        with environment(server.endpoint):
+            results["faults"] = f = faults(url, server)
+        print(
+            f"faults: {f['batches']} batches, identical and in order: {f['identical_in_order']}; "
+            f"injected {f['injected']} over {f['requests_seen']} requests; retries "
+            f"{f['retries']} {f['retry_reasons']}"
+        )
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
