@@ -30,12 +30,13 @@ def is_live(path: str | os.PathLike[str]) -> bool:
 
 
 def open_reader(
-    source: str | os.PathLike[str] | Store | Reader,
+    source: str | os.PathLike[str] | Store | Reader | tuple[Any, str],
     *,
     verify: Verify | RemoteVerify | None = None,
     **remote: Any,
 ) -> Reader:
-    """The reader for ``source`` (see the module docstring).
+    """The reader for ``source`` (see the module docstring); ``(fs, root)`` is a dataset or
+    a live dataset at ``root`` on a configured fsspec filesystem ``fs``.
 
     ``verify`` is the checksum mode: ``"off"``, ``"first"`` or ``"always"`` for local datasets
     (default ``"first"``); remote sources also take ``"whole"``, their default (what each mode
@@ -44,6 +45,8 @@ def open_reader(
     """
     if isinstance(source, READER_TYPES):
         return source
+    if isinstance(source, tuple):  # (a configured fsspec filesystem, the root on it)
+        return open_url(open_store(source), verify=verify, **remote)
     if isinstance(source, Store) or is_url(source) or is_live(source):
         return open_url(source, verify=verify, **remote)
     text = os.fspath(source)

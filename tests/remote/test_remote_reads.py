@@ -235,6 +235,7 @@ def test_file_urls_paths_and_a_callers_fsspec_filesystem(dataset: Path) -> None:
         f"file://{dataset}",
         LocalStore(dataset),
         open_store((fsspec.filesystem("file"), str(dataset))),
+        (fsspec.filesystem("file"), str(dataset)),
     ):
         reader = open_reader(source)
         assert isinstance(reader, RemoteSource)
