@@ -269,4 +269,3 @@ def test_open_shards_stay_bounded(thousand_shards: Path) -> None:
     # Two descriptors per open shard (the reader's and its mapping's), plus those of one shard
     # closed while its read-ahead hint is still running (released right after it).
     assert seen == 2000 and 0 < peak <= 2 * 8 + 2
-

@@ -6,6 +6,7 @@ Each test names one behaviour; the comment under it says which kind of slip it c
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -274,3 +275,28 @@ def test_skips_in_another_epoch_do_not_reduce_this_epochs_steps(
 ) -> None:
     loader = BatchNativeLoader(make_file(n=40, batch_size=4), skip_steps=[(15, 17)])
     assert loader.served(Position(0, 2)) == 8
+
+
+def test_int64_items_reuse_a_released_pooled_array(make_file: Callable[..., Path]) -> None:
+    # BufferPool: an int64 array is handed out again once nothing outside the pool holds it.
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), dtype="int64")
+    first = weakref.ref(loader.item(0))
+    second = loader.item(1)
+    assert second is first()
+
+
+def test_a_seek_before_the_first_item_ends_the_pass(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    it = iter(loader)
+    loader.seek(Position(0, 5))
+    assert next(it, None) is None
+
+
+@pytest.mark.parametrize("origin", [3, "x"], ids=["after-step", "not-an-integer"])
+def test_a_state_origin_after_its_step_or_not_an_integer_is_refused(
+    make_file: Callable[..., Path], origin: object
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    state = dict(loader.state_dict(Position(0, 2)), origin=origin)
+    with pytest.raises(StateError, match=r"state origin .* is outside"):
+        loader.load_state_dict(state)

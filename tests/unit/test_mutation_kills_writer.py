@@ -295,3 +295,28 @@ def test_a_temporary_name_already_taken_is_retried_with_another(
     fd, temp = writer_module._open_named(str(tmp_path / "x.batch"))
     os.close(fd)
     assert temp.endswith("0a1b2c3e.tmp") and taken.read_bytes() == b"someone else's"
+
+
+def test_an_os_error_message_starts_with_its_description(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, size: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "ftruncate", full)
+    with pytest.raises(OSError) as info:
+        write_batch_dataset(tmp_path / "x.batch", iter(records(40, 4)), 40, 4, 4)
+    assert info.value.strerror.startswith("No space left on device while sizing the output")
+
+
+def test_a_plain_memmap_input_is_read_with_positioned_reads(tmp_path: Path) -> None:
+    mm = np.memmap(tmp_path / "src.bin", dtype=np.uint32, mode="w+", shape=(12, 4))
+    found = writer_module._as_record_file(mm)
+    assert found is not None and found.shape == (12, 4)
+    os.close(found.fd)
+
+
+def test_a_write_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    before = sorted(os.listdir("/proc/self/fd"))
+    write_batch_file(tmp_path / "x.batch", records(8, 4), 2)
+    assert sorted(os.listdir("/proc/self/fd")) == before

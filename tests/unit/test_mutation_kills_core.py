@@ -1,0 +1,252 @@
+"""Order, reader and validation behaviours that mutation testing found unpinned
+(tests/README.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from zerobatch_spec import HEADER_SIZE, ErrorCode, Violation
+
+from zerobatch_core import BatchFileReader, validate_file
+from zerobatch_core import validation as validation_module
+from zerobatch_core.errors import FormatError
+from zerobatch_core.order import BlockOrder, sharded_order
+from zerobatch_core.validation import ValidationReport
+
+# -- order -----------------------------------------------------------------------------------
+
+
+def test_a_block_order_is_an_immutable_value() -> None:
+    order = BlockOrder(10, 3, seed=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        order.seed = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_spans_are_never_empty_from_any_start(seed: int) -> None:
+    # The loader reads ahead and checks the file once per span.
+    order = BlockOrder(11, 3, seed=seed)  # blocks 3, 3, 3 and a short one of 2
+    for start in range(11):
+        assert all(s.stop > s.start for s in order.spans(0, start)), start
+
+
+def test_a_sharded_order_with_a_filled_cache_equals_a_fresh_one() -> None:
+    used, fresh = sharded_order([3, 2, 4], 2, seed=5), sharded_order([3, 2, 4], 2, seed=5)
+    used.epoch_order(0)
+    assert used == fresh and hash(used) == hash(fresh)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_sharded_indices_resume_from_any_position(shuffle: bool) -> None:
+    order = sharded_order([3, 2, 4], 2, seed=5, shuffle=shuffle)
+    full = order.epoch_order(1).tolist()
+    for start in range(10):
+        assert list(order.indices(1, start)) == full[start:], start
+
+
+def test_an_unshuffled_sharded_order_is_the_slot_order() -> None:
+    assert sharded_order([3, 2, 4], 2, seed=5, shuffle=False).epoch_order(3).tolist() == list(
+        range(9)
+    )
+
+
+def test_a_sharded_order_is_shuffled_by_default() -> None:
+    assert sharded_order([3, 2, 4], 2, seed=5).shuffle is True
+
+
+def test_a_sharded_orders_repr_leaves_out_its_cache() -> None:
+    order = sharded_order([3, 2, 4], 2, seed=5)
+    order.epoch_order(0)
+    assert "_cache" not in repr(order)
+
+
+def test_a_sharded_order_checks_its_block_size_when_made() -> None:
+    assert sharded_order([3], 1, seed=1).block_size == 1
+    with pytest.raises(ValueError, match="block_size must be at least 1, got 0"):
+        sharded_order([3], 0, seed=1)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_block_spans_start_at_the_first_position_by_default(shuffle: bool) -> None:
+    order = BlockOrder(10, 3, seed=1, shuffle=shuffle)
+    assert sorted(i for s in order.spans(0) for i in range(s.start, s.stop)) == list(range(10))
+
+
+def test_sharded_spans_start_at_the_first_position_by_default() -> None:
+    order = sharded_order([3, 2, 4], 2, seed=5)
+    assert sum(s.stop - s.start for s in order.spans(0)) == 9
+
+
+# -- reader ----------------------------------------------------------------------------------
+
+
+def test_the_fault_handler_is_offered_once_per_process(make_file: Callable[..., Path]) -> None:
+    # A program that disables faulthandler after its first reader keeps it disabled.
+    path = make_file()
+    was_enabled = faulthandler.is_enabled()
+    BatchFileReader(path).close()
+    faulthandler.disable()
+    try:
+        BatchFileReader(path).close()
+        assert not faulthandler.is_enabled()
+    finally:
+        if was_enabled:
+            faulthandler.enable()
+
+
+class Requests:
+    """Records the byte ranges a reader asks its read-ahead worker for."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def request(self, offset: int, length: int) -> None:
+        self.calls.append((offset, length))
+
+
+@pytest.mark.parametrize(("start", "first"), [(0, 0), (-3, 0), (1, 1)])
+def test_read_ahead_asks_for_exactly_the_batches_clamped_to_the_file(
+    make_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, start: int, first: int
+) -> None:
+    reader = BatchFileReader(make_file(n=40, seq_len=8, batch_size=4))
+    requests = Requests()
+    monkeypatch.setattr(reader, "_readahead", requests)
+    reader.read_ahead(start, 3)
+    monkeypatch.undo()
+    reader.close()
+    pb = reader.padded_batch_bytes
+    assert requests.calls == [(HEADER_SIZE + first * pb, (3 - first) * pb)]
+
+
+def test_read_ahead_of_an_empty_range_asks_for_nothing(
+    make_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = BatchFileReader(make_file(n=40, seq_len=8, batch_size=4))
+    requests = Requests()
+    monkeypatch.setattr(reader, "_readahead", requests)
+    reader.read_ahead(2, 2)
+    monkeypatch.undo()
+    reader.close()
+    assert requests.calls == []
+
+
+def test_read_ahead_of_a_closed_reader_asks_for_nothing(
+    make_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = BatchFileReader(make_file(n=40, seq_len=8, batch_size=4))
+    reader.close()
+    requests = Requests()
+    monkeypatch.setattr(reader, "_readahead", requests, raising=False)
+    reader.read_ahead(0, 2)
+    assert requests.calls == []
+
+
+def test_a_batch_range_cannot_start_before_the_first_batch(
+    make_file: Callable[..., Path],
+) -> None:
+    with BatchFileReader(make_file(n=40, batch_size=4)) as reader, pytest.raises(IndexError):
+        reader.read_batches(-1, 2)
+
+
+def test_closed_is_a_plain_attribute(make_file: Callable[..., Path]) -> None:
+    reader = BatchFileReader(make_file())
+    assert reader.closed is False
+    reader.close()
+    assert reader.closed is True
+
+
+def test_the_most_negative_batch_index_is_the_first_batch(make_file: Callable[..., Path]) -> None:
+    with BatchFileReader(make_file(n=40, batch_size=4)) as reader:
+        np.testing.assert_array_equal(reader.read_batch(-len(reader)), reader.read_batch(0))
+
+
+# -- validation ------------------------------------------------------------------------------
+
+
+def padded_file(make_file: Callable[..., Path]) -> Path:
+    """10 batches of [4, 8] tokens: 128 token bytes in each 4096-byte slot."""
+    return make_file(n=40, seq_len=8, batch_size=4)
+
+
+def set_byte(path: Path, offset: int, value: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] = value
+    path.write_bytes(bytes(data))
+
+
+def test_a_validation_report_is_an_immutable_value(make_file: Callable[..., Path]) -> None:
+    report = validate_file(padded_file(make_file))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.valid = False  # type: ignore[misc]
+
+
+def test_a_report_is_not_deep_unless_said() -> None:
+    assert ValidationReport("x.batch", True).deep is False
+
+
+def test_the_deep_read_of_a_small_file_is_one_chunk(
+    make_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DEEP_CHUNK_BYTES (64 MiB) at a time: 10 slots of 4096 bytes are one chunk, one size check.
+    path = padded_file(make_file)
+    checks: list[int] = []
+    check_size = BatchFileReader.check_size
+
+    def counted(self: BatchFileReader) -> None:
+        checks.append(1)
+        check_size(self)
+
+    monkeypatch.setattr(BatchFileReader, "check_size", counted)
+    assert validate_file(path, deep=True).valid
+    assert len(checks) == 1
+
+
+def test_slots_larger_than_a_deep_chunk_are_read_one_at_a_time(
+    make_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = padded_file(make_file)
+    set_byte(path, HEADER_SIZE + 7 * 4096 + 200, 1)
+    monkeypatch.setattr(validation_module, "DEEP_CHUNK_BYTES", 100)  # below one slot
+    report = validate_file(path, deep=True)
+    assert (report.code, report.detail) == (
+        ErrorCode.NONZERO_PADDING,
+        "batch 7: slot byte 200 is 0x01; slot bytes 128..4095 must be zero",
+    )
+
+
+def test_the_first_nonzero_padding_byte_is_reported(make_file: Callable[..., Path]) -> None:
+    path = padded_file(make_file)
+    set_byte(path, HEADER_SIZE + 5 * 4096 + 128, 2)  # batch 5, first padding word
+    set_byte(path, HEADER_SIZE + 2 * 4096 + 132, 1)  # batch 2, second padding word: first
+    assert validate_file(path, deep=True).detail == (
+        "batch 2: slot byte 132 is 0x01; slot bytes 128..4095 must be zero"
+    )
+
+
+def test_a_file_that_changes_during_the_deep_read_is_invalid(
+    make_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = padded_file(make_file)
+
+    def shrunk(self: BatchFileReader) -> None:
+        violation = Violation(ErrorCode.SIZE_MISMATCH, "num_batches", "file is 4096 bytes now")
+        raise FormatError(str(path), violation)
+
+    monkeypatch.setattr(BatchFileReader, "check_size", shrunk)
+    report = validate_file(path, deep=True)
+    assert (report.valid, report.code) == (False, ErrorCode.SIZE_MISMATCH)
+
+
+def test_the_deep_check_reads_nothing_when_slots_have_no_padding(
+    make_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = make_file(n=8, seq_len=256, batch_size=4)  # 4 * 256 * 4 bytes: exactly one page
+    checks: list[int] = []
+    monkeypatch.setattr(BatchFileReader, "check_size", lambda self: checks.append(1))
+    assert validate_file(path, deep=True).valid
+    assert checks == []
