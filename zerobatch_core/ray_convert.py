@@ -89,6 +89,7 @@ from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import WriteResult
 from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME, Manifest, Shard, Source
 from zerobatch_spec.dataset import shard_seed as dataset_shard_seed
+from zerobatch_spec.layout import TOKEN_BYTES, TOKEN_DTYPE
 
 from .arguments import U32_MAX, int_arg
 from .dataset import slot_checksums
@@ -143,10 +144,6 @@ _COUNT_COLUMNS = (
     "truncated_tokens",
 )
 """Optional integer columns of a segment row, summed into the packing statistics."""
-
-_TOKEN_BYTES = 4
-_LE_U32 = np.dtype("<u4")
-
 
 # --- units --------------------------------------------------------------------------------------
 
@@ -303,7 +300,7 @@ class TokenizeUnits:
                 counts["documents"] += 1
                 counts["doc_tokens"] += int(doc.size)
         stream = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
-        return stream.astype(_LE_U32, copy=False), counts
+        return stream.astype(TOKEN_DTYPE, copy=False), counts
 
     def __call__(self, batch: dict[str, npt.NDArray[Any]]) -> Any:
         pa = import_optional("pyarrow", "Ray Data blocks")
@@ -319,7 +316,7 @@ class TokenizeUnits:
             for k in _COUNT_COLUMNS:
                 counts[k].append(c[k])
         sizes = np.array([0] + [s.nbytes for s in segments], dtype=np.int64)
-        data = np.concatenate(segments) if segments else np.empty(0, dtype=_LE_U32)
+        data = np.concatenate(segments) if segments else np.empty(0, dtype=TOKEN_DTYPE)
         tokens = pa.LargeBinaryArray.from_buffers(
             pa.large_binary(),
             len(segments),
@@ -476,13 +473,13 @@ class LLMBatchDatasink(Datasink[str]):
                 data = tokens[i].as_py()
                 if not isinstance(unit, int) or unit < 0:
                     raise WriteError(f"{self.path}: unit must be a non-negative integer: {unit!r}")
-                if not isinstance(data, bytes) or len(data) % _TOKEN_BYTES:
+                if not isinstance(data, bytes) or len(data) % TOKEN_BYTES:
                     raise WriteError(
                         f"{self.path}: unit {unit}: tokens must be little-endian u32 bytes, got "
                         f"{type(data).__name__} of {len(data) if data is not None else 0} bytes"
                     )
                 self.store_segment(unit, data)
-                entries.append([unit, len(data) // _TOKEN_BYTES, *(int(c[i]) for c in counts)])
+                entries.append([unit, len(data) // TOKEN_BYTES, *(int(c[i]) for c in counts)])
         return json.dumps(entries)
 
     def store_segment(self, unit: int, data: bytes) -> None:
@@ -692,7 +689,7 @@ class LLMBatchDatasink(Datasink[str]):
         """The records of one output as ``[k, seq_len]`` blocks of about ``CHUNK_BYTES``, read
         piece by piece from the segments with positioned reads."""
         t = self.seq_len
-        per = max(1, CHUNK_BYTES // (t * _TOKEN_BYTES)) * t  # tokens per block
+        per = max(1, CHUNK_BYTES // (t * TOKEN_BYTES)) * t  # tokens per block
         pending: list[npt.NDArray[np.uint32]] = []
         have = 0
         for unit, start, length in plan["pieces"]:
@@ -700,15 +697,15 @@ class LLMBatchDatasink(Datasink[str]):
             with open(path, "rb") as f:
                 for at in range(0, int(length), per):
                     n = min(per, int(length) - at)
-                    data = os.pread(f.fileno(), n * _TOKEN_BYTES, (int(start) + at) * _TOKEN_BYTES)
-                    if len(data) != n * _TOKEN_BYTES:
+                    data = os.pread(f.fileno(), n * TOKEN_BYTES, (int(start) + at) * TOKEN_BYTES)
+                    if len(data) != n * TOKEN_BYTES:
                         raise WriteError(
                             f"{path}: segment of unit {unit} is shorter than its write task "
-                            f"reported (expected {n * _TOKEN_BYTES:,} bytes at token "
+                            f"reported (expected {n * TOKEN_BYTES:,} bytes at token "
                             f"{int(start) + at:,}, got {len(data):,}): the work directory was "
                             "changed during the job"
                         )
-                    pending.append(np.frombuffer(data, dtype=_LE_U32).astype(np.uint32))
+                    pending.append(np.frombuffer(data, dtype=TOKEN_DTYPE).astype(np.uint32))
                     have += n
                     if have >= per:
                         buf = np.concatenate(pending)
