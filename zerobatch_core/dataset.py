@@ -19,7 +19,6 @@ import hashlib
 import os
 import stat
 from collections import OrderedDict
-from types import TracebackType
 from typing import Any, Literal
 
 import numpy as np
@@ -38,6 +37,7 @@ from zerobatch_spec.dataset import (
     parse_manifest,
 )
 
+from .closing import Closing
 from .errors import ZeroBatchError
 from .order import ShardedBlockOrder, sharded_order
 from .reader import BatchFileReader
@@ -80,7 +80,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> tuple[Manifest, bytes]:
     return parsed, data
 
 
-class DatasetReader:
+class DatasetReader(Closing):
     """A dataset directory's slots, read through lazily opened, manifest-checked shards.
 
     The surface matches ``BatchFileReader`` where the loader needs it (``batch_size``,
@@ -305,17 +305,6 @@ class DatasetReader:
         while self._open:
             _, reader = self._open.popitem()
             reader.close()
-
-    def __enter__(self) -> DatasetReader:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Worker processes reopen the directory rather than inheriting open shards.

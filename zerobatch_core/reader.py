@@ -10,7 +10,6 @@ import operator
 import os
 import stat
 import weakref
-from types import TracebackType
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +22,7 @@ from zerobatch_spec import (
     check_header,
 )
 
+from .closing import Closing
 from .errors import FormatError, ZeroBatchError, ZeroBatchIOError
 from .pages import Readahead
 
@@ -34,7 +34,7 @@ I32Array = npt.NDArray[np.int32]
 I64Array = npt.NDArray[np.int64]
 
 
-class BatchFileReader:
+class BatchFileReader(Closing):
     """Open an LLMBATCH file, validate it (rules 1-8 of ``SPEC.md``) and serve zero-copy batches.
 
     Validation happens before the file is mapped, so a truncated or oversized file is rejected
@@ -277,17 +277,6 @@ class BatchFileReader:
         with contextlib.suppress(BufferError):
             self._mmap.close()
         del self._mmap
-
-    def __enter__(self) -> BatchFileReader:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __reduce__(self) -> tuple[type[BatchFileReader], tuple[str]]:
         # Worker processes reopen the file by path rather than shipping the mapping.

@@ -41,7 +41,6 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -68,6 +67,7 @@ from zerobatch_spec.dataset import (
     parse_manifest,
 )
 
+from .closing import Closing
 from .dataset import DatasetError
 from .errors import FormatError
 from .order import BlockOrder, Order, sharded_order
@@ -106,7 +106,7 @@ class BatchObject:
     checksums: tuple[str, ...] | None = None
 
 
-class RemoteSource:
+class RemoteSource(Closing):
     """A file or dataset in a store, with the surface the loader uses (see the module docstring).
 
     ``source`` is a URL (``s3://bucket/data``, ``gs://...``, ``az://...``, ``http(s)://...``,
@@ -512,17 +512,6 @@ class RemoteSource:
             future.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.store.close()
-
-    def __enter__(self) -> RemoteSource:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Worker processes reopen the URL rather than inheriting threads and connections.

@@ -37,13 +37,13 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, NamedTuple, TypedDict, TypeVar
 
 import numpy.typing as npt
 
 from .arguments import int_arg
 from .buffers import stop_at_exit
+from .closing import Closing
 from .dataset import DatasetReader, Verify
 from .distributed import resolve_rank_world
 from .errors import StateError
@@ -117,7 +117,7 @@ class StreamOptions(TypedDict, total=False):
     verify: Verify | RemoteVerify | None
 
 
-class BatchStream(Generic[T]):
+class BatchStream(Closing, Generic[T]):
     """A resumable stream of a file's or a dataset's batches, converted for a framework.
 
     Used directly it is the NumPy adapter: items are the core loader's arrays (views for
@@ -371,17 +371,6 @@ class BatchStream(Generic[T]):
         if self._owns_reader and not self.loader.source.closed:
             self.loader.identity()  # the state names its source even after the file is gone
             self.loader.source.close()
-
-    def __enter__(self: S) -> S:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- internals ---------------------------------------------------------------------------
     def _end_pass(self) -> None:

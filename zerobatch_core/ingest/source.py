@@ -22,7 +22,6 @@ import glob
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -30,6 +29,7 @@ import numpy.typing as npt
 from zerobatch_spec import TOKEN_BYTES
 
 from ..arguments import U32_MAX, int_arg
+from ..closing import Closing
 from ..errors import IngestError, ZeroBatchIOError
 
 U32Block = npt.NDArray[np.uint32]
@@ -92,7 +92,7 @@ class CountsTokens(Protocol):
         ...
 
 
-class SourceFile:
+class SourceFile(Closing):
     """A source file opened for positioned reads (``os.preadv``) into NumPy buffers.
 
     Never a memory map: a mapped file that shrinks under its reader kills the process with
@@ -142,17 +142,6 @@ class SourceFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-    def __enter__(self) -> SourceFile:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def default_chunk_records(seq_len: int, block_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
