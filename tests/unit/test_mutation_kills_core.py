@@ -15,7 +15,7 @@ from zerobatch_spec import HEADER_SIZE, ErrorCode, Violation
 from zerobatch_core import BatchFileReader, validate_file
 from zerobatch_core import validation as validation_module
 from zerobatch_core.errors import FormatError
-from zerobatch_core.order import BlockOrder, sharded_order
+from zerobatch_core.order import BlockOrder, ShardedBlockOrder, Span, sharded_order
 from zerobatch_core.validation import ValidationReport
 
 # -- order -----------------------------------------------------------------------------------
@@ -27,12 +27,37 @@ def test_a_block_order_is_an_immutable_value() -> None:
         order.seed = 2  # type: ignore[misc]
 
 
+def test_a_span_is_an_immutable_value() -> None:
+    span = BlockOrder(10, 3, seed=1).spans(0).__next__()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        span.stop = 0  # type: ignore[misc]
+    assert hash(span) == hash(Span(span.start, span.stop))
+
+
+def test_a_negative_batch_count_is_refused() -> None:
+    assert BlockOrder(0, 3, seed=1).epoch_order(0).size == 0
+    with pytest.raises(ValueError, match="num_batches must be non-negative, got -1"):
+        BlockOrder(-1, 3, seed=1)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_spans_are_never_empty_from_any_start(seed: int) -> None:
     # The loader reads ahead and checks the file once per span.
     order = BlockOrder(11, 3, seed=seed)  # blocks 3, 3, 3 and a short one of 2
     for start in range(11):
         assert all(s.stop > s.start for s in order.spans(0, start)), start
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_spans_from_the_end_of_the_epoch_are_none(shuffle: bool) -> None:
+    for n in (9, 10, 11):  # full blocks only, and a short last block of 1 or 2
+        assert list(BlockOrder(n, 3, seed=1, shuffle=shuffle).spans(0, n)) == [], n
+
+
+def test_unshuffled_spans_resumed_mid_block_keep_to_block_boundaries() -> None:
+    # The loader reads ahead one span at a time: a resumed epoch keeps the blocks' edges.
+    spans = list(BlockOrder(10, 3, seed=1, shuffle=False).spans(0, 5))
+    assert spans == [Span(5, 6), Span(6, 9), Span(9, 10)]
 
 
 def test_a_sharded_order_with_a_filled_cache_equals_a_fresh_one() -> None:
@@ -57,6 +82,10 @@ def test_an_unshuffled_sharded_order_is_the_slot_order() -> None:
 
 def test_a_sharded_order_is_shuffled_by_default() -> None:
     assert sharded_order([3, 2, 4], 2, seed=5).shuffle is True
+
+
+def test_a_sharded_block_order_made_directly_is_shuffled_by_default() -> None:
+    assert ShardedBlockOrder((3, 2, 4), 2, seed=5) == sharded_order([3, 2, 4], 2, seed=5)
 
 
 def test_a_sharded_orders_repr_leaves_out_its_cache() -> None:

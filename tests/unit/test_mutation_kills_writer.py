@@ -6,12 +6,13 @@ import errno
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from zerobatch_spec import record_source
+from zerobatch_spec import DOMAIN_RECORDS, HEADER_SIZE, permute_array, record_source
 
 from tests.helpers import records
 from zerobatch_core import WriteError, write_batch_dataset, write_batch_file
@@ -320,3 +321,135 @@ def test_a_write_leaves_no_descriptor_open(tmp_path: Path) -> None:
     before = sorted(os.listdir("/proc/self/fd"))
     write_batch_file(tmp_path / "x.batch", records(8, 4), 2)
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_link_error_other_than_no_hard_links_is_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only "no hard links here" (EPERM, EOPNOTSUPP, EMLINK) falls back to a rename; an I/O
+    # error while linking the named temporary fails the write and publishes nothing.
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(writer_module, "_open_unnamed", lambda directory: None)
+    monkeypatch.setattr(os, "link", broken)
+    with pytest.raises(OSError, match="Input/output error"):
+        write_batch_file(tmp_path / "x.batch", records(8, 4), 2)
+    assert not (tmp_path / "x.batch").exists()
+
+
+def test_signed_inputs_are_checked_a_chunk_of_records_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 64-byte chunks of 4-token int64 records: two records per conversion, never the whole input.
+    monkeypatch.setattr(writer_module, "CHUNK_BYTES", 64)
+    checked: list[tuple[int, int]] = []
+    to_u32 = writer_module._to_u32
+
+    def spy(rows: np.ndarray, what: str, first_record: int) -> np.ndarray:
+        checked.append((first_record, rows.shape[0]))
+        return to_u32(rows, what, first_record)
+
+    monkeypatch.setattr(writer_module, "_to_u32", spy)
+    writer_module._check_values(records(10, 4, np.int64), "tokens_array")
+    assert checked == [(0, 2), (2, 2), (4, 2), (6, 2), (8, 2)]
+
+
+def test_the_default_record_seed_is_zero(tmp_path: Path) -> None:
+    src = records(16, 4)
+    write_batch_file(tmp_path / "default.batch", src, 2)
+    write_batch_file(tmp_path / "zero.batch", src, 2, seed=0)
+    write_batch_file(tmp_path / "one.batch", src, 2, seed=1)
+    default = (tmp_path / "default.batch").read_bytes()
+    assert default == (tmp_path / "zero.batch").read_bytes()
+    assert default != (tmp_path / "one.batch").read_bytes()
+
+
+def test_stream_positions_are_computed_in_bulk_and_served_from_the_window() -> None:
+    header = writer_module._file_header(100, 4, 4, 7)
+    calls: list[int] = []
+
+    def counted(ids: Any, n: int, seed: int, domain: int) -> np.ndarray:
+        calls.append(len(np.asarray(ids)))
+        return permute_array(ids, n, seed, domain)
+
+    ahead = writer_module._AheadPermutation(counted, header, 100)
+    got = np.concatenate([ahead.get(first, 10) for first in range(0, 100, 10)])
+    expected = permute_array(np.arange(100), 100, 7, DOMAIN_RECORDS)
+    assert calls == [100]  # one evaluation of the whole range, then served from it
+    assert got.tolist() == expected.tolist()
+
+
+def test_windows_smaller_than_a_slot_are_written_one_slot_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Memory is bounded by the window: a slot above WINDOW_BYTES is a window of its own.
+    monkeypatch.setattr(writer_module, "WINDOW_BYTES", 100)  # below one 4096-byte slot
+    sizes: list[int] = []
+    write_window = writer_module._WindowedOutput._write_window
+
+    def spy(self: Any, data: np.ndarray, offset: int) -> None:
+        sizes.append(data.nbytes)
+        write_window(self, data, offset)
+
+    monkeypatch.setattr(writer_module._WindowedOutput, "_write_window", spy)
+    write_batch_dataset(tmp_path / "x.batch", iter(records(40, 4)), 40, 4, 4, seed=3)
+    assert sizes == [4096] * 10
+
+
+def test_windows_are_written_in_file_order_even_when_a_write_is_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One I/O thread, in submission order: the output gets sequential writes only.
+    monkeypatch.setattr(writer_module, "WINDOW_BYTES", 100)  # ten windows of one slot
+    offsets: list[int] = []
+    write_window = writer_module._WindowedOutput._write_window
+
+    def slow_first(self: Any, data: np.ndarray, offset: int) -> None:
+        if not offsets and offset == HEADER_SIZE:
+            time.sleep(0.5)  # a second I/O thread would write the next window meanwhile
+        offsets.append(offset)
+        write_window(self, data, offset)
+
+    monkeypatch.setattr(writer_module._WindowedOutput, "_write_window", slow_first)
+    write_batch_dataset(tmp_path / "x.batch", iter(records(40, 4)), 40, 4, 4, seed=3)
+    assert offsets == [HEADER_SIZE + 4096 * w for w in range(10)]
+
+
+def test_a_failed_replace_when_overwriting_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dest = tmp_path / "x.batch"
+    write_batch_file(dest, records(8, 4), 2, seed=1)
+    old = dest.read_bytes()
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(OSError, match="Input/output error"):
+        write_batch_file(dest, records(8, 4), 2, seed=2, overwrite=True)
+    assert os.listdir(tmp_path) == ["x.batch"] and dest.read_bytes() == old
+
+
+def test_stream_blocks_that_straddle_the_stage_are_split_across_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 13-record stage fed blocks of 2: every seventh block is cut where the stage fills.
+    src = records(40, 4)
+    write_batch_file(tmp_path / "a.batch", src, 4, seed=3)
+    monkeypatch.setattr(writer_module, "STAGE_BYTES", 13 * 4 * 4)
+    write_batch_dataset(
+        tmp_path / "b.batch", (src[i : i + 2] for i in range(0, 40, 2)), 40, 4, 4, seed=3
+    )
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
+
+
+def test_the_default_stream_seed_is_zero(tmp_path: Path) -> None:
+    src = records(16, 4)
+    write_batch_dataset(tmp_path / "default.batch", iter(src), 16, 2, 4)
+    write_batch_file(tmp_path / "zero.batch", src, 2, seed=0)
+    write_batch_file(tmp_path / "one.batch", src, 2, seed=1)
+    default = (tmp_path / "default.batch").read_bytes()
+    assert default == (tmp_path / "zero.batch").read_bytes()
+    assert default != (tmp_path / "one.batch").read_bytes()
