@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from zerobatch_spec import HEADER_SIZE, ErrorCode, Violation
+from zerobatch_spec.dataset import MANIFEST_NAME
 
-from zerobatch_core import BatchFileReader, validate_file
+from tests.helpers import records
+from zerobatch_core import BatchFileReader, validate_dataset, validate_file, write_sharded_dataset
 from zerobatch_core import validation as validation_module
 from zerobatch_core.errors import FormatError
 from zerobatch_core.order import BlockOrder, ShardedBlockOrder, Span, sharded_order
@@ -279,3 +281,39 @@ def test_the_deep_check_reads_nothing_when_slots_have_no_padding(
     monkeypatch.setattr(BatchFileReader, "check_size", lambda self: checks.append(1))
     assert validate_file(path, deep=True).valid
     assert checks == []
+
+
+def test_the_first_nonzero_padding_word_of_a_slot_is_reported(
+    make_file: Callable[..., Path],
+) -> None:
+    path = padded_file(make_file)
+    set_byte(path, HEADER_SIZE + 3 * 4096 + 140, 7)  # batch 3, fourth padding word
+    set_byte(path, HEADER_SIZE + 3 * 4096 + 133, 1)  # batch 3, second padding word: first
+    assert validate_file(path, deep=True).detail == (
+        "batch 3: slot byte 133 is 0x01; slot bytes 128..4095 must be zero"
+    )
+
+
+def small_dataset(tmp_path: Path) -> Path:
+    """4 shards of 3 batches of 4 records of 5 tokens (80 token bytes in 4096-byte slots)."""
+    out = tmp_path / "ds"
+    write_sharded_dataset(out, [records(48, 5)], batch_size=4, seq_len=5, shard_batches=3, seed=2)
+    return out
+
+
+def test_a_dataset_report_without_a_manifest_checked_nothing(tmp_path: Path) -> None:
+    dataset = small_dataset(tmp_path)
+    (dataset / MANIFEST_NAME).write_text("{}")
+    report = validate_dataset(dataset, deep=True)
+    assert report.manifest is None and not report.valid
+    assert (report.shards_checked, report.slots_checked) == (0, 0)
+
+
+def test_a_checksum_mismatch_names_the_slot_in_the_shard_and_in_the_dataset(
+    tmp_path: Path,
+) -> None:
+    dataset = small_dataset(tmp_path)
+    set_byte(dataset / "shard-00002.batch", HEADER_SIZE + 1 * 4096 + 10, 0xFF)  # dataset slot 7
+    (failure,) = validate_dataset(dataset, deep=True).failures
+    assert failure.code == "checksum_mismatch"
+    assert failure.detail.startswith("slot 1 (dataset slot 7): xxh3 ")

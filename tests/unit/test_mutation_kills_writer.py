@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 from zerobatch_spec import DOMAIN_RECORDS, HEADER_SIZE, permute_array, record_source
 
 from tests.helpers import records
-from zerobatch_core import WriteError, write_batch_dataset, write_batch_file
+from zerobatch_core import WriteError, ZeroBatchIOError, write_batch_dataset, write_batch_file
 from zerobatch_core import writer as writer_module
 
 
@@ -453,3 +455,43 @@ def test_the_default_stream_seed_is_zero(tmp_path: Path) -> None:
     default = (tmp_path / "default.batch").read_bytes()
     assert default == (tmp_path / "zero.batch").read_bytes()
     assert default != (tmp_path / "one.batch").read_bytes()
+
+
+def test_an_output_path_that_cannot_be_inspected_is_a_zerobatch_io_error(tmp_path: Path) -> None:
+    loop = tmp_path / "x.batch"
+    loop.symlink_to(loop)  # stat fails with ELOOP
+    with pytest.raises(ZeroBatchIOError, match="while inspecting the output path"):
+        writer_module.check_output(loop)
+
+
+def test_a_name_without_an_output_name_is_not_a_writers_temporary(tmp_path: Path) -> None:
+    # ".." + PID + RAND + ".tmp": no writer makes it (an output has a name), so it is kept.
+    other = tmp_path / f"..{dead_pid()}.0a1b2c3d.tmp"
+    other.write_bytes(b"keep")
+    writer_module.remove_stale_temporaries(tmp_path)
+    assert other.read_bytes() == b"keep"
+
+
+def test_a_fifo_named_like_a_stale_temporary_does_not_block_the_cleanup(tmp_path: Path) -> None:
+    fifo = tmp_path / f".x.batch.{dead_pid()}.0a1b2c3d.tmp"
+    os.mkfifo(fifo)
+    cleanup = threading.Thread(
+        target=writer_module.remove_stale_temporaries, args=(tmp_path,), daemon=True
+    )
+    cleanup.start()
+    cleanup.join(timeout=10)
+    blocked = cleanup.is_alive()
+    if blocked:  # release the open() waiting for a writer before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        cleanup.join(timeout=10)
+    assert not blocked and fifo.exists()  # left alone: not a regular file
+
+
+def test_windows_are_mapped_where_mmap_has_no_populate_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = records(40, 4)
+    write_batch_file(tmp_path / "a.batch", src, 4, seed=3)
+    monkeypatch.delattr(mmap, "MAP_POPULATE", raising=False)  # as on macOS
+    write_batch_dataset(tmp_path / "b.batch", iter(src), 40, 4, 4, seed=3)
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
