@@ -42,6 +42,12 @@ def test_a_negative_batch_count_is_refused() -> None:
         BlockOrder(-1, 3, seed=1)
 
 
+def test_a_block_order_refuses_empty_blocks() -> None:
+    assert BlockOrder(10, 1, seed=1).block_size == 1
+    with pytest.raises(ValueError, match="block_size must be at least 1, got 0"):
+        BlockOrder(10, 0, seed=1)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_spans_are_never_empty_from_any_start(seed: int) -> None:
     # The loader reads ahead and checks the file once per span.

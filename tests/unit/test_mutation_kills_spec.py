@@ -24,7 +24,7 @@ from zerobatch_spec.dataset import (
     shard_seed,
 )
 from zerobatch_spec.rules import ErrorCode, Violation, find_violation
-from zerobatch_spec.shuffle import GOLDEN_GAMMA, mix64, permute, permute_array
+from zerobatch_spec.shuffle import GOLDEN_GAMMA, mix64, num_blocks, permute, permute_array
 
 from tests.helpers import records
 from zerobatch_core import write_sharded_dataset
@@ -287,3 +287,9 @@ def test_an_empty_record_range_is_valid_for_an_empty_shard(manifest: dict[str, A
 def test_a_negative_shuffle_key_is_refused() -> None:
     with pytest.raises(ValueError, match=r"shuffle key must be in \[0, 2\*\*64\), got -1"):
         permute_array([0], 10, -1, 1)
+
+
+def test_an_epoch_refuses_block_size_zero() -> None:
+    assert num_blocks(10, 1) == 10
+    with pytest.raises(ValueError, match="block_size must be at least 1, got 0"):
+        num_blocks(10, 0)

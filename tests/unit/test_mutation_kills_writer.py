@@ -495,3 +495,31 @@ def test_windows_are_mapped_where_mmap_has_no_populate_flag(
     monkeypatch.delattr(mmap, "MAP_POPULATE", raising=False)  # as on macOS
     write_batch_dataset(tmp_path / "b.batch", iter(src), 40, 4, 4, seed=3)
     assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
+
+
+def test_a_record_file_gathers_no_rows_for_no_indices(tmp_path: Path) -> None:
+    mm = np.memmap(tmp_path / "src.bin", dtype=np.uint32, mode="w+", shape=(12, 4))
+    found = writer_module._as_record_file(mm)
+    assert found is not None
+    try:
+        assert found.gather(np.zeros(0, dtype=np.int64)).shape == (0, 4)
+    finally:
+        os.close(found.fd)
+
+
+def test_the_sorting_file_is_discarded_window_by_window_once_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its pages go as the output grows, so the write needs about one output's size of disk.
+    monkeypatch.setattr(writer_module, "WINDOW_BYTES", 2 * 4096)  # five windows of two slots
+    freed: list[tuple[int, int]] = []
+    discard = writer_module.discard
+
+    def spy(fd: int, offset: int, length: int) -> None:
+        freed.append((offset, length))
+        discard(fd, offset, length)
+
+    monkeypatch.setattr(writer_module, "discard", spy)
+    write_batch_dataset(tmp_path / "x.batch", iter(records(40, 4)), 40, 4, 4, seed=3)
+    # Each window's 8 packed records of 16 bytes, at the start of the window's byte range.
+    assert freed == [(HEADER_SIZE + 2 * 4096 * w, 8 * 16) for w in range(5)]
