@@ -195,7 +195,10 @@ def analyse(
         "stopped": stopped,
         "wall_s": wall,
         "attempts": sum(f["attempts"] for f in finals) if finals else len(attempts),
-        "commits": sum(f["commits"] for f in finals) if finals else None,
+        # Producers stopped at the time limit report no totals: count the attempts that landed.
+        "commits": (
+            sum(f["commits"] for f in finals) if finals else sum(1 for e in attempts if e["ok"])
+        ),
         "consumer_read": reads[-1]["read"] if reads else 0,
         "buckets": buckets,
     }
