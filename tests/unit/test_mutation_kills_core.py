@@ -323,3 +323,25 @@ def test_a_checksum_mismatch_names_the_slot_in_the_shard_and_in_the_dataset(
     (failure,) = validate_dataset(dataset, deep=True).failures
     assert failure.code == "checksum_mismatch"
     assert failure.detail.startswith("slot 1 (dataset slot 7): xxh3 ")
+
+
+def test_the_deep_dataset_check_names_padding_slots_beyond_the_first_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dataset = small_dataset(tmp_path)
+    set_byte(dataset / "shard-00001.batch", HEADER_SIZE + 2 * 4096 + 90, 1)  # slot 2 padding
+    monkeypatch.setattr(validation_module, "DEEP_CHUNK_BYTES", 4096)  # one slot per chunk
+    first = validate_dataset(dataset, deep=True).failures[0]
+    assert (first.code, first.shard, first.slot) == ("nonzero_padding", "shard-00001.batch", 2)
+
+
+def test_a_shard_that_breaks_a_file_rule_does_not_stop_the_check(tmp_path: Path) -> None:
+    dataset = small_dataset(tmp_path)
+    set_byte(dataset / "shard-00000.batch", 0, 0)  # the magic
+    (dataset / "shard-00002.batch").unlink()
+    report = validate_dataset(dataset)
+    assert [(f.code, f.shard) for f in report.failures] == [
+        ("bad_magic", "shard-00000.batch"),
+        ("shard_missing", "shard-00002.batch"),
+    ]
+    assert report.shards_checked == 2

@@ -523,3 +523,19 @@ def test_the_sorting_file_is_discarded_window_by_window_once_used(
     write_batch_dataset(tmp_path / "x.batch", iter(records(40, 4)), 40, 4, 4, seed=3)
     # Each window's 8 packed records of 16 bytes, at the start of the window's byte range.
     assert freed == [(HEADER_SIZE + 2 * 4096 * w, 8 * 16) for w in range(5)]
+
+
+def test_named_temporaries_work_where_the_os_has_no_o_nofollow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = records(8, 4)
+    write_batch_file(tmp_path / "a.batch", src, 2, seed=1)
+    monkeypatch.setattr(writer_module, "_open_unnamed", lambda directory: None)
+    monkeypatch.delattr(os, "O_NOFOLLOW")
+    write_batch_file(tmp_path / "b.batch", src, 2, seed=1)
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
+
+
+def test_seq_len_zero_is_refused_as_an_argument(tmp_path: Path) -> None:
+    with pytest.raises(WriteError, match=r"seq_len must be in \[1, 2\*\*32 - 1\], got 0"):
+        write_batch_file(tmp_path / "x.batch", records(8, 4), 2, seq_len=0)
