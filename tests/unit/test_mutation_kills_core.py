@@ -345,3 +345,31 @@ def test_a_shard_that_breaks_a_file_rule_does_not_stop_the_check(tmp_path: Path)
         ("shard_missing", "shard-00002.batch"),
     ]
     assert report.shards_checked == 2
+
+
+def test_the_deep_check_of_a_one_batch_file_reads_its_padding(
+    make_file: Callable[..., Path],
+) -> None:
+    path = make_file(n=4, seq_len=8, batch_size=4)  # one slot: 128 token bytes, then padding
+    set_byte(path, HEADER_SIZE + 200, 3)
+    assert validate_file(path, deep=True).detail == (
+        "batch 0: slot byte 200 is 0x03; slot bytes 128..4095 must be zero"
+    )
+
+
+def test_the_deep_dataset_check_reads_a_chunk_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Memory stays one chunk: with one slot per chunk, the 12 slots are 12 reads (and checks).
+    dataset = small_dataset(tmp_path)
+    monkeypatch.setattr(validation_module, "DEEP_CHUNK_BYTES", 4096)
+    checks: list[int] = []
+    check_size = BatchFileReader.check_size
+
+    def counted(self: BatchFileReader) -> None:
+        checks.append(1)
+        check_size(self)
+
+    monkeypatch.setattr(BatchFileReader, "check_size", counted)
+    assert validate_dataset(dataset, deep=True).valid
+    assert len(checks) == 12

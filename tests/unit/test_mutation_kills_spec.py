@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from zerobatch_spec import HEADER_SIZE, RESERVED_OFFSET, Header, build_header
 from zerobatch_spec.dataset import (
@@ -24,7 +25,14 @@ from zerobatch_spec.dataset import (
     shard_seed,
 )
 from zerobatch_spec.rules import ErrorCode, Violation, find_violation
-from zerobatch_spec.shuffle import GOLDEN_GAMMA, mix64, num_blocks, permute, permute_array
+from zerobatch_spec.shuffle import (
+    GOLDEN_GAMMA,
+    mix64,
+    mix64_array,
+    num_blocks,
+    permute,
+    permute_array,
+)
 
 from tests.helpers import records
 from zerobatch_core import write_sharded_dataset
@@ -293,3 +301,10 @@ def test_an_epoch_refuses_block_size_zero() -> None:
     assert num_blocks(10, 1) == 10
     with pytest.raises(ValueError, match="block_size must be at least 1, got 0"):
         num_blocks(10, 0)
+
+
+def test_mixing_an_array_leaves_the_callers_array_alone() -> None:
+    z = np.arange(5, dtype=np.uint64)
+    mixed = mix64_array(z)
+    assert z.tolist() == [0, 1, 2, 3, 4]
+    assert mixed.tolist() == [mix64(i) for i in range(5)]

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -539,3 +540,56 @@ def test_named_temporaries_work_where_the_os_has_no_o_nofollow(
 def test_seq_len_zero_is_refused_as_an_argument(tmp_path: Path) -> None:
     with pytest.raises(WriteError, match=r"seq_len must be in \[1, 2\*\*32 - 1\], got 0"):
         write_batch_file(tmp_path / "x.batch", records(8, 4), 2, seq_len=0)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32])
+def test_a_negative_token_in_the_dropped_remainder_is_refused(tmp_path: Path, dtype: type) -> None:
+    # Narrow signed inputs are checked whole, like wide ones: the dropped record 0 too.
+    seed = next(s for s in range(100) if dropped_record(3, 2, s) == 0)
+    rows = records(3, 4, dtype)
+    rows[0, 1] = -1
+    with pytest.raises(WriteError, match="record 0, token 1: value -1"):
+        write_batch_file(tmp_path / "x.batch", rows, 2, seed=seed)
+
+
+def test_a_failed_stream_drops_the_io_not_yet_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two blocks placed directly (10 of a 40-record stage): the first one's write is slow, the
+    # second's is queued behind it when the stream fails, and is cancelled, never written.
+    written: list[int] = []
+    write_pieces = writer_module._WindowedOutput._write_pieces
+
+    def slow(self: Any, packed: np.ndarray, firsts: list[int], offsets: list[int]) -> None:
+        time.sleep(1.0)
+        written.append(packed.shape[0])
+        write_pieces(self, packed, firsts, offsets)
+
+    def failing() -> Iterator[np.ndarray]:
+        src = records(40, 4)
+        yield src[:10]
+        yield src[10:20]
+        raise RuntimeError("the source failed")
+
+    monkeypatch.setattr(writer_module._WindowedOutput, "_write_pieces", slow)
+    with pytest.raises(RuntimeError, match="the source failed"):
+        write_batch_dataset(tmp_path / "x.batch", failing(), 40, 4, 4, seed=3)
+    assert written == [10]
+    assert os.listdir(tmp_path) == []
+
+
+def test_small_stream_blocks_are_staged_and_placed_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Blocks below a quarter of the 40-record stage are gathered: one placement of all 40.
+    placed: list[int] = []
+    place = writer_module._WindowedOutput._place
+
+    def spy(self: Any, rows: np.ndarray) -> None:
+        placed.append(rows.shape[0])
+        place(self, rows)
+
+    monkeypatch.setattr(writer_module._WindowedOutput, "_place", spy)
+    src = records(40, 4)
+    write_batch_dataset(tmp_path / "x.batch", (src[i : i + 2] for i in range(0, 40, 2)), 40, 4, 4)
+    assert placed == [40]
