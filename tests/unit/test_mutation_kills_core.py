@@ -373,3 +373,25 @@ def test_the_deep_dataset_check_reads_a_chunk_at_a_time(
     monkeypatch.setattr(BatchFileReader, "check_size", counted)
     assert validate_dataset(dataset, deep=True).valid
     assert len(checks) == 12
+
+
+def test_a_dataset_report_is_an_immutable_value(tmp_path: Path) -> None:
+    report = validate_dataset(small_dataset(tmp_path))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.deep = True  # type: ignore[misc]
+
+
+def test_a_shard_that_shrinks_during_the_deep_dataset_check_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dataset = small_dataset(tmp_path)
+
+    def shrunk(self: BatchFileReader) -> None:
+        violation = Violation(ErrorCode.SIZE_MISMATCH, "num_batches", "file is 4096 bytes now")
+        raise FormatError(self.path, violation)
+
+    monkeypatch.setattr(BatchFileReader, "check_size", shrunk)
+    failures = validate_dataset(dataset, deep=True).failures
+    assert [(f.code, f.shard) for f in failures] == [
+        ("size_mismatch", f"shard-0000{i}.batch") for i in range(4)
+    ]

@@ -593,3 +593,59 @@ def test_small_stream_blocks_are_staged_and_placed_together(
     src = records(40, 4)
     write_batch_dataset(tmp_path / "x.batch", (src[i : i + 2] for i in range(0, 40, 2)), 40, 4, 4)
     assert placed == [40]
+
+
+def test_the_writer_waits_for_a_lock_held_on_its_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cleaner that took the temporary's lock is waited for; nothing is written before.
+    import fcntl
+
+    events: list[str] = []
+    open_named = writer_module._open_named
+
+    def release(fd: int) -> None:
+        events.append("released")
+        os.close(fd)  # drops the lock
+
+    def locked(path: str) -> tuple[int, str]:
+        fd, temp = open_named(path)
+        cleaner = os.open(temp, os.O_RDONLY)
+        fcntl.flock(cleaner, fcntl.LOCK_EX)
+        threading.Timer(1.0, release, (cleaner,)).start()
+        return fd, temp
+
+    pwrite = os.pwrite
+
+    def spy(fd: int, data: Any, offset: int) -> int:
+        events.append("write")
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(writer_module, "_open_unnamed", lambda directory: None)
+    monkeypatch.setattr(writer_module, "_open_named", locked)
+    monkeypatch.setattr(os, "pwrite", spy)
+    write_batch_file(tmp_path / "x.batch", records(8, 4), 2)
+    assert events[0] == "released" and "write" in events
+
+
+def test_consecutive_source_records_are_read_in_one_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mm = np.memmap(tmp_path / "src.bin", dtype=np.uint32, mode="w+", shape=(12, 4))
+    mm[:] = records(12, 4)
+    found = writer_module._as_record_file(mm)
+    assert found is not None
+    reads: list[int] = []
+    preadv = os.preadv
+
+    def spy(fd: int, buffers: list[Any], offset: int) -> int:
+        reads.append(offset)
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", spy)
+    try:
+        rows = found.gather(np.array([2, 3, 4, 5, 9, 10], dtype=np.int64))
+    finally:
+        os.close(found.fd)
+    assert rows.tolist() == records(12, 4)[[2, 3, 4, 5, 9, 10]].tolist()
+    assert reads == [2 * 16, 9 * 16]  # two runs, two reads
