@@ -15,10 +15,13 @@ never served.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import os
 import stat
+import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
 import numpy as np
@@ -45,10 +48,36 @@ from .reader import BatchFileReader
 Verify = Literal["off", "first", "always"]
 VERIFY_MODES: tuple[Verify, ...] = ("off", "first", "always")
 DEFAULT_MAX_OPEN = 32
+OPEN_AHEAD = 2
+"""Shards opened ahead at once: the next block's while the current one's shard may still be
+opening (blocks never cross shards, so two cover a loop that enters a new shard every block)."""
 """Shards kept open at once (each holds two descriptors, its own and its mapping's; a shard
 closed while its read-ahead hint runs keeps them until the hint ends)."""
 
 U32Array = npt.NDArray[np.uint32]
+
+_OPENERS: dict[int, ThreadPoolExecutor] = {}
+_OPENERS_LOCK = threading.Lock()
+
+
+def _opener() -> ThreadPoolExecutor:
+    """This process's shard-opening thread (one for every dataset; a forked child starts its own).
+
+    Entering a shard costs system calls and header checks (stat, open, read, map, digest): on
+    a loop over small shards that cost, paid on the loop's thread, would grow the per-batch cost
+    with the shard count. The loader asks for the next block ahead of time, so the shard that
+    block lives in is opened here while the current block is served.
+    """
+    pid = os.getpid()
+    executor = _OPENERS.get(pid)
+    if executor is None:
+        with _OPENERS_LOCK:
+            executor = _OPENERS.get(pid)
+            if executor is None:
+                _OPENERS.clear()  # a forked process's copy names its parent's thread
+                executor = ThreadPoolExecutor(1, thread_name_prefix="zerobatch-shards")
+                _OPENERS[pid] = executor
+    return executor
 
 
 class DatasetError(ZeroBatchError, ValueError):
@@ -109,6 +138,11 @@ class DatasetReader(Closing):
         self._first = self.manifest.first_batches()
         self._first_list: list[int] = self._first.tolist()  # bisect on ints: no array per call
         self._open: OrderedDict[int, BatchFileReader] = OrderedDict()
+        # Shards being opened ahead by ``read_ahead`` (at most ``OPEN_AHEAD``), oldest first,
+        # and the process whose opening thread runs them.
+        self._opening: OrderedDict[int, Future[BatchFileReader]] = OrderedDict()
+        self._closing: list[Future[None]] = []  # shards past max_open, being closed
+        self._pid = os.getpid()
         self._checksums: npt.NDArray[np.uint64] | None = None
         self._verified = np.zeros(self.num_batches if verify == "first" else 0, dtype=np.bool_)
         self.bytes_read = 0
@@ -176,11 +210,45 @@ class DatasetReader(Closing):
         if reader is not None:
             self._open.move_to_end(shard)
             return reader
-        reader = self._open_shard(shard)
+        pending = self._pending().pop(shard, None)
+        # A shard opened ahead raises its own DatasetError here, if its open failed.
+        reader = pending.result() if pending is not None else self._open_shard(shard)
+        self._keep(shard, reader)
+        return reader
+
+    def _keep(self, shard: int, reader: BatchFileReader) -> None:
+        """Hold ``reader`` open, closing the least recently used beyond ``max_open`` on the
+        opening thread (unmapping costs the loop as much as mapping); ``close`` waits for them."""
         self._open[shard] = reader
         while len(self._open) > self.max_open:
             _, oldest = self._open.popitem(last=False)
-            oldest.close()
+            self._closing = [c for c in self._closing if not c.done()]
+            self._closing.append(_opener().submit(oldest.close))
+
+    def _pending(self) -> OrderedDict[int, Future[BatchFileReader]]:
+        """The shards being opened ahead (none after a fork: the parent's thread will never
+        answer this process)."""
+        if self._pid != os.getpid():
+            self._pid, self._opening, self._closing = os.getpid(), OrderedDict(), []
+        return self._opening
+
+    def _adopt(self, shard: int, pending: Future[BatchFileReader]) -> None:
+        """Keep a shard opened ahead but not asked for yet; a failed open is dropped (asking
+        for the shard opens it again and raises)."""
+        try:
+            reader = pending.result()
+        except Exception:
+            return
+        if shard in self._open or self._closed:
+            reader.close()
+        else:
+            self._keep(shard, reader)
+            self._open.move_to_end(shard, last=False)  # first to go: nobody asked for it yet
+
+    def _open_ahead(self, shard: int, start: int, stop: int) -> BatchFileReader:
+        """On the opening thread: open and check a shard, and read its slots ahead."""
+        reader = self._open_shard(shard)
+        reader.read_ahead(start, stop)
         return reader
 
     def _open_shard(self, shard: int) -> BatchFileReader:
@@ -279,10 +347,17 @@ class DatasetReader(Closing):
     def read_ahead(self, start: int, stop: int) -> None:
         """Have slots ``start..stop`` read in the background, shard by shard."""
         stop = min(stop, self.num_batches)
-        while start < stop:
+        while start < stop and not self._closed:
             shard, local = self.locate(start)
             n = min(stop - start, int(self._first[shard + 1]) - start)
-            self.shard(shard).read_ahead(local, local + n)
+            reader = self._open.get(shard)
+            pending = self._pending()
+            if reader is not None:
+                reader.read_ahead(local, local + n)
+            elif shard not in pending:
+                while len(pending) >= OPEN_AHEAD:
+                    self._adopt(*pending.popitem(last=False))
+                pending[shard] = _opener().submit(self._open_ahead, shard, local, local + n)
             start += n
 
     def check_size(self, index: int = 0) -> None:
@@ -302,9 +377,16 @@ class DatasetReader(Closing):
     def close(self) -> None:
         """Close every open shard (views still held keep their mappings until dropped)."""
         self._closed = True
+        pending = self._pending()
+        while pending:
+            with contextlib.suppress(Exception):
+                pending.popitem()[1].result().close()
         while self._open:
             _, reader = self._open.popitem()
             reader.close()
+        for closing in self._closing:
+            closing.result()
+        self._closing = []
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Worker processes reopen the directory rather than inheriting open shards.

@@ -40,6 +40,7 @@ from zerobatch_core import (
     write_batch_file,
     write_sharded_dataset,
 )
+from zerobatch_core.dataset import OPEN_AHEAD
 
 B, T = 4, 8
 
@@ -262,10 +263,26 @@ def test_open_shards_stay_bounded(thousand_shards: Path) -> None:
     loader = BatchNativeLoader(DatasetReader(thousand_shards, max_open=8), block_size=1)
     seen = 0
     peak = 0
-    for _ in loader:
+    for batch in loader:
         seen += 1
         if seen % 50 == 0:
             peak = max(peak, len(os.listdir("/proc/self/fd")) - fds)
-    # Two descriptors per open shard (the reader's and its mapping's), plus those of one shard
-    # closed while its read-ahead hint is still running (released right after it).
-    assert seen == 2000 and 0 < peak <= 2 * 8 + 2
+    del batch  # a view held keeps its shard's mapping (and its descriptor) alive
+    # Two descriptors per open shard (the reader's and its mapping's), the shards being opened
+    # ahead, and one shard being closed on the opening thread (released right after).
+    assert seen == 2000 and 0 < peak <= 2 * (8 + OPEN_AHEAD) + 2
+    loader.source.close()
+    assert len(os.listdir("/proc/self/fd")) == fds  # close waits for the background closes
+
+
+def test_a_forked_child_opens_its_own_shards(thousand_shards: Path) -> None:
+    """Shards being opened ahead by the parent's thread are not waited for in a child."""
+    with DatasetReader(thousand_shards, max_open=4) as ds:
+        ds.read_ahead(0, 40)  # several shards now being opened on the parent's thread
+        pid = os.fork()
+        if pid == 0:  # the child: must read on its own, never wait for the parent's thread
+            ok = all(ds.read_batch(i).shape == (B, T) for i in range(0, 60, 3))
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert ds.read_batch(5).shape == (B, T)
