@@ -325,7 +325,7 @@ def _print_summary(args: argparse.Namespace, summary: ConvertSummary) -> None:
 
 
 def _npy_shape(path: str) -> list[int]:
-    """The shape of the ``.npy`` array at ``path`` (mapped, not read); never unpickles."""
+    """The shape of the ``.npy`` array at ``path`` (mapped, not read; object arrays refused)."""
     _check_readable(path)
     try:
         loaded: Any = np.load(path, mmap_mode="r")
