@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from zerobatch_spec import HEADER_SIZE, ErrorCode, Violation
-from zerobatch_spec.dataset import MANIFEST_NAME
+from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME
 
 from tests.helpers import records
 from zerobatch_core import BatchFileReader, validate_dataset, validate_file, write_sharded_dataset
@@ -395,3 +396,44 @@ def test_a_shard_that_shrinks_during_the_deep_dataset_check_is_reported(
     assert [(f.code, f.shard) for f in failures] == [
         ("size_mismatch", f"shard-0000{i}.batch") for i in range(4)
     ]
+
+
+def test_a_dataset_failure_is_an_immutable_value(tmp_path: Path) -> None:
+    dataset = small_dataset(tmp_path)
+    (dataset / "shard-00001.batch").unlink()
+    (failure,) = validate_dataset(dataset).failures
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        failure.detail = "fine"  # type: ignore[misc]
+
+
+def test_slots_larger_than_a_deep_chunk_are_checked_one_at_a_time_in_a_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dataset = small_dataset(tmp_path)
+    set_byte(dataset / "shard-00003.batch", HEADER_SIZE + 1 * 4096 + 300, 9)  # dataset slot 10
+    monkeypatch.setattr(validation_module, "DEEP_CHUNK_BYTES", 100)  # below one slot
+    failures = validate_dataset(dataset, deep=True).failures
+    assert [(f.code, f.dataset_slot) for f in failures] == [
+        ("nonzero_padding", 10),
+        ("checksum_mismatch", 10),
+    ]
+
+
+def test_without_checksums_every_slots_padding_is_still_checked(tmp_path: Path) -> None:
+    dataset = small_dataset(tmp_path)
+    (dataset / CHECKSUMS_NAME).write_bytes(b"")  # broken: no checksums to compare
+    set_byte(dataset / "shard-00001.batch", HEADER_SIZE + 2 * 4096 + 100, 1)  # its last slot
+    failures = validate_dataset(dataset, deep=True).failures
+    assert [(f.code, f.shard, f.slot) for f in failures] == [
+        ("checksums_mismatch", None, None),
+        ("nonzero_padding", "shard-00001.batch", 2),
+    ]
+
+
+def test_a_file_opens_where_the_os_has_no_o_nonblock(
+    make_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = make_file(n=40, seq_len=8, batch_size=4)
+    monkeypatch.delattr(os, "O_NONBLOCK")
+    with BatchFileReader(path) as reader:
+        assert reader.read_batch(0).shape == (4, 8)
