@@ -290,10 +290,14 @@ def run_module(
             stderr=subprocess.STDOUT,
         )
     result = read_session(module, db, ROOT / module)
-    return (
+    summary = (
         f"{module}: {result.count('killed')}/{len(result.mutants)} killed "
-        f"({result.score:.1%}), {result.count('survived')} survived"
+        f"({result.score:.1%}), {result.count('survived')} survived, "
+        f"{result.count('pending')} pending, in {time.monotonic() - start:.0f}s"
     )
+    with log.open("a") as out:
+        out.write(summary + "\n")
+    return summary
 
 
 def read_session(module: str, db_path: Path, source: Path) -> ModuleResult:

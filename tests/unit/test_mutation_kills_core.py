@@ -437,3 +437,20 @@ def test_a_file_opens_where_the_os_has_no_o_nonblock(
     monkeypatch.delattr(os, "O_NONBLOCK")
     with BatchFileReader(path) as reader:
         assert reader.read_batch(0).shape == (4, 8)
+
+
+def test_a_file_with_slots_larger_than_a_deep_chunk_is_checked_a_slot_at_a_time(
+    make_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = padded_file(make_file)  # 10 slots
+    monkeypatch.setattr(validation_module, "DEEP_CHUNK_BYTES", 100)  # below one slot
+    checks: list[int] = []
+    check_size = BatchFileReader.check_size
+
+    def counted(self: BatchFileReader) -> None:
+        checks.append(1)
+        check_size(self)
+
+    monkeypatch.setattr(BatchFileReader, "check_size", counted)
+    assert validate_file(path, deep=True).valid
+    assert len(checks) == 10

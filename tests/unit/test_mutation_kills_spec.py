@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -308,3 +309,10 @@ def test_mixing_an_array_leaves_the_callers_array_alone() -> None:
     mixed = mix64_array(z)
     assert z.tolist() == [0, 1, 2, 3, 4]
     assert mixed.tolist() == [mix64(i) for i in range(5)]
+
+
+def test_dataset_blocks_of_shards_without_slots_are_none_and_warn_nothing() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no division by a zero block size on the way
+        first, length = dataset_blocks([0, 0], 5)
+    assert (first.tolist(), length.tolist()) == ([], [])

@@ -649,3 +649,14 @@ def test_consecutive_source_records_are_read_in_one_call(
         os.close(found.fd)
     assert rows.tolist() == records(12, 4)[[2, 3, 4, 5, 9, 10]].tolist()
     assert reads == [2 * 16, 9 * 16]  # two runs, two reads
+
+
+def test_a_stream_block_of_dropped_records_only_places_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 41 records in batches of 4: one is dropped; one record per block, each placed directly.
+    src = records(41, 4)
+    write_batch_file(tmp_path / "a.batch", src, 4, seed=3)
+    monkeypatch.setattr(writer_module, "STAGE_BYTES", 3 * 16)  # a 3-record stage
+    write_batch_dataset(tmp_path / "b.batch", iter(src), 41, 4, 4, seed=3)
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
