@@ -660,3 +660,15 @@ def test_a_stream_block_of_dropped_records_only_places_nothing(
     monkeypatch.setattr(writer_module, "STAGE_BYTES", 3 * 16)  # a 3-record stage
     write_batch_dataset(tmp_path / "b.batch", iter(src), 41, 4, 4, seed=3)
     assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
+
+
+def test_an_existing_output_is_overwritten_from_another_mapped_file(tmp_path: Path) -> None:
+    src = records(8, 4)
+    mm = np.memmap(tmp_path / "src.bin", dtype=np.uint32, mode="w+", shape=src.shape)
+    mm[:] = src
+    mm.flush()
+    dest = tmp_path / "x.batch"
+    write_batch_file(dest, src, 2, seed=1)
+    assert write_batch_file(dest, mm, 2, seed=2, overwrite=True) == 4
+    write_batch_file(tmp_path / "y.batch", src, 2, seed=2)
+    assert dest.read_bytes() == (tmp_path / "y.batch").read_bytes()
