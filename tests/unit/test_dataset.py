@@ -263,11 +263,11 @@ def test_open_shards_stay_bounded(thousand_shards: Path) -> None:
     loader = BatchNativeLoader(DatasetReader(thousand_shards, max_open=8), block_size=1)
     seen = 0
     peak = 0
-    for batch in loader:
+    for _batch in loader:
         seen += 1
         if seen % 50 == 0:
             peak = max(peak, len(os.listdir("/proc/self/fd")) - fds)
-    del batch  # a view held keeps its shard's mapping (and its descriptor) alive
+    del _batch  # a view held keeps its shard's mapping (and its descriptor) alive
     # Two descriptors per open shard (the reader's and its mapping's), the shards being opened
     # ahead, and one shard being closed on the opening thread (released right after).
     assert seen == 2000 and 0 < peak <= 2 * (8 + OPEN_AHEAD) + 2
