@@ -28,6 +28,7 @@ from zerobatch_spec.dataset import (
 from zerobatch_spec.rules import ErrorCode, Violation, find_violation
 from zerobatch_spec.shuffle import (
     GOLDEN_GAMMA,
+    epoch_order,
     mix64,
     mix64_array,
     num_blocks,
@@ -316,3 +317,16 @@ def test_dataset_blocks_of_shards_without_slots_are_none_and_warn_nothing() -> N
         warnings.simplefilter("error")  # no division by a zero block size on the way
         first, length = dataset_blocks([0, 0], 5)
     assert (first.tolist(), length.tolist()) == ([], [])
+
+
+def test_a_record_range_may_end_at_the_u64_maximum(manifest: dict[str, Any]) -> None:
+    total = manifest["shards"][0]["total_records"]
+    manifest["shards"][0]["records"] = [2**64 - 1 - total, 2**64 - 1]
+    parsed = parse_manifest(json.dumps(manifest).encode())
+    assert isinstance(parsed, Manifest)
+    assert parsed.shards[0].records == (2**64 - 1 - total, 2**64 - 1)
+
+
+def test_the_epoch_order_of_no_batches_is_empty() -> None:
+    order = epoch_order(0, 4, 7)
+    assert order.dtype == np.int64 and order.tolist() == []

@@ -672,3 +672,61 @@ def test_an_existing_output_is_overwritten_from_another_mapped_file(tmp_path: Pa
     assert write_batch_file(dest, mm, 2, seed=2, overwrite=True) == 4
     write_batch_file(tmp_path / "y.batch", src, 2, seed=2)
     assert dest.read_bytes() == (tmp_path / "y.batch").read_bytes()
+
+
+def test_a_taken_name_for_the_second_link_is_retried_with_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "source"
+    source.write_bytes(b"data")
+    taken = tmp_path / ".x.batch.1.0a1b2c3d.tmp"
+    taken.write_bytes(b"someone else's")
+    names = iter([str(taken), str(tmp_path / ".x.batch.1.0a1b2c3e.tmp")])
+    monkeypatch.setattr(writer_module, "_temp_path", lambda path: next(names))
+    dir_fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        linked = writer_module._link_under_temp(str(source), str(tmp_path / "x.batch"), dir_fd)
+    finally:
+        os.close(dir_fd)
+    assert linked == ".x.batch.1.0a1b2c3e.tmp"
+    assert (tmp_path / linked).read_bytes() == b"data"
+    assert taken.read_bytes() == b"someone else's"
+
+
+class ReachedHeaderError(Exception):
+    """Raised in place of the header: the record count passed the writer's checks."""
+
+
+@pytest.mark.parametrize(("total", "accepted"), [(2**32 - 1, True), (2**32, False)])
+def test_the_record_count_limit_is_the_u32_maximum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, total: int, accepted: bool
+) -> None:
+    # A broadcast array: 2**32 records of one token without the memory.
+    tokens = np.broadcast_to(np.zeros((1, 1), dtype=np.uint32), (total, 1))
+
+    def reached(*args: Any) -> None:
+        raise ReachedHeaderError
+
+    monkeypatch.setattr(writer_module, "_file_header", reached)
+    if accepted:
+        with pytest.raises(ReachedHeaderError):
+            write_batch_file(tmp_path / "x.batch", tokens, 2**20)
+    else:
+        with pytest.raises(WriteError, match="4294967296 records exceed the u32 total_records"):
+            write_batch_file(tmp_path / "x.batch", tokens, 2**20)
+
+
+def test_slots_larger_than_a_chunk_are_written_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "CHUNK_BYTES", 100)  # below one 4096-byte slot
+    sizes: list[int] = []
+    pwrite = os.pwrite
+
+    def spy(fd: int, data: Any, offset: int) -> int:
+        sizes.append(len(data))
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", spy)
+    write_batch_file(tmp_path / "x.batch", records(8, 4), 2)  # 4 slots, then the header
+    assert sizes == [4096] * 5
