@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import faulthandler
 import os
 from collections.abc import Callable
@@ -15,7 +16,13 @@ from zerobatch_spec import HEADER_SIZE, ErrorCode, Violation
 from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME
 
 from tests.helpers import records
-from zerobatch_core import BatchFileReader, validate_dataset, validate_file, write_sharded_dataset
+from zerobatch_core import (
+    BatchFileReader,
+    DatasetReader,
+    validate_dataset,
+    validate_file,
+    write_sharded_dataset,
+)
 from zerobatch_core import validation as validation_module
 from zerobatch_core.errors import FormatError
 from zerobatch_core.order import BlockOrder, ShardedBlockOrder, Span, sharded_order
@@ -454,3 +461,19 @@ def test_a_file_with_slots_larger_than_a_deep_chunk_is_checked_a_slot_at_a_time(
     monkeypatch.setattr(BatchFileReader, "check_size", counted)
     assert validate_file(path, deep=True).valid
     assert len(checks) == 10
+
+
+def test_an_os_error_reading_the_checksums_is_a_checksums_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DatasetReader reports a missing or unreadable file itself; any other OSError on the way
+    # (here injected) still becomes the checksums file's failure, not a traceback.
+    dataset = small_dataset(tmp_path)
+
+    def failing(self: DatasetReader) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(DatasetReader, "checksums", failing)
+    (failure,) = validate_dataset(dataset).failures
+    assert (failure.code, failure.where) == ("checksums_mismatch", CHECKSUMS_NAME)
+    assert failure.detail == "cannot be read as the checksums file: Permission denied"
