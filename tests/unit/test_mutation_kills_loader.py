@@ -300,3 +300,28 @@ def test_a_state_origin_after_its_step_or_not_an_integer_is_refused(
     state = dict(loader.state_dict(Position(0, 2)), origin=origin)
     with pytest.raises(StateError, match=r"state origin .* is outside"):
         loader.load_state_dict(state)
+
+
+def test_next_token_needs_two_tokens_per_record(make_file: Callable[..., Path]) -> None:
+    assert BatchNativeLoader(make_file(n=40, seq_len=2, batch_size=4), next_token=True)
+    with pytest.raises(ValueError, match="next_token needs seq_len >= 2"):
+        BatchNativeLoader(
+            make_file(n=40, seq_len=1, batch_size=4, name="one.batch"), next_token=True
+        )
+
+
+@pytest.mark.parametrize("workers", [0, "2"])
+def test_a_state_without_a_whole_positive_worker_count_is_refused(
+    make_file: Callable[..., Path], workers: object
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    state = dict(loader.state_dict(), num_workers=workers, worker=0)
+    with pytest.raises(StateError, match=f"state num_workers={workers!r}, worker=0 are invalid"):
+        loader.load_state_dict(state)
+
+
+def test_a_state_worker_must_be_below_the_worker_count(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    state = dict(loader.state_dict(), num_workers=2, worker=2)
+    with pytest.raises(StateError, match="state worker 2 is outside num_workers 2"):
+        loader.load_state_dict(state)
