@@ -330,3 +330,9 @@ def test_a_record_range_may_end_at_the_u64_maximum(manifest: dict[str, Any]) -> 
 def test_the_epoch_order_of_no_batches_is_empty() -> None:
     order = epoch_order(0, 4, 7)
     assert order.dtype == np.int64 and order.tolist() == []
+
+
+def test_a_negative_index_is_outside_the_permutation() -> None:
+    assert permute(0, 10, 7, 1) in range(10)
+    with pytest.raises(IndexError, match=r"index -1 is outside \[0, 10\)"):
+        permute(-1, 10, 7, 1)
