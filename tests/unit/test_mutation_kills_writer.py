@@ -730,3 +730,23 @@ def test_slots_larger_than_a_chunk_are_written_one_at_a_time(
     monkeypatch.setattr(os, "pwrite", spy)
     write_batch_file(tmp_path / "x.batch", records(8, 4), 2)  # 4 slots, then the header
     assert sizes == [4096] * 5
+
+
+def test_the_first_out_of_range_token_is_the_one_named(tmp_path: Path) -> None:
+    rows = records(6, 3, np.int64)
+    rows[4, 0] = -5
+    rows[1, 2] = -1  # the first in record order
+    with pytest.raises(WriteError, match="record 1, token 2: value -1"):
+        write_batch_file(tmp_path / "x.batch", rows, 2)
+
+
+def test_disk_full_for_a_stream_of_known_length_needs_the_output_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 40 records of 4 tokens in batches of 4: 4096 + 10 * 4096 bytes, nothing spilled.
+    def full(fd: int, size: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "ftruncate", full)
+    with pytest.raises(OSError, match=r"needs about 45,056 bytes"):
+        write_batch_dataset(tmp_path / "x.batch", iter(records(40, 4)), 40, 4, 4)
