@@ -325,3 +325,24 @@ def test_a_state_worker_must_be_below_the_worker_count(make_file: Callable[..., 
     state = dict(loader.state_dict(), num_workers=2, worker=2)
     with pytest.raises(StateError, match="state worker 2 is outside num_workers 2"):
         loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize("split", ["skip_steps", "workers"])
+def test_int64_items_of_a_strided_pass_are_the_uint32_items_widened(
+    make_file: Callable[..., Path], split: str
+) -> None:
+    # Skipped steps or a worker split serve evenly spaced stored batches, which the int64
+    # stage groups into runs; each run must hold exactly the batches served.
+    path = make_file(n=80, batch_size=4)
+
+    def items(dtype: str) -> list[np.ndarray]:
+        skips = [(2, 4), (9, 10)] if split == "skip_steps" else []
+        loader = BatchNativeLoader(path, block_size=3, dtype=dtype, skip_steps=skips)  # type: ignore[arg-type]
+        if split == "workers":
+            loader.split_workers(1, 3)
+        return [np.array(item, dtype=np.int64) for item in loader]
+
+    wide, narrow = items("int64"), items("uint32")
+    assert len(wide) == len(narrow) > 2
+    for a, b in zip(wide, narrow, strict=True):
+        np.testing.assert_array_equal(a, b)
