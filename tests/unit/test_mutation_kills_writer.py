@@ -750,3 +750,56 @@ def test_disk_full_for_a_stream_of_known_length_needs_the_output_size(
     monkeypatch.setattr(os, "ftruncate", full)
     with pytest.raises(OSError, match=r"needs about 45,056 bytes"):
         write_batch_dataset(tmp_path / "x.batch", iter(records(40, 4)), 40, 4, 4)
+
+
+def test_a_file_system_without_unnamed_files_gets_a_named_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = records(8, 4)
+    write_batch_file(tmp_path / "a.batch", src, 2, seed=1)
+    real_open = os.open
+
+    def no_tmpfile(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & getattr(os, "O_TMPFILE", 0) == getattr(os, "O_TMPFILE", -1):
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_tmpfile)
+    write_batch_file(tmp_path / "b.batch", src, 2, seed=1)
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["a.batch", "b.batch"]
+
+
+def test_the_pages_of_a_mapped_input_read_through_its_mapping_are_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Fortran-ordered memmap is read through the mapping, chunk by chunk: each chunk's pages
+    # are released; a C-ordered one is read with positioned reads and has none to release.
+    src = records(12, 4)
+    fortran = np.memmap(tmp_path / "f.bin", dtype=np.uint32, mode="w+", shape=src.shape, order="F")
+    fortran[:] = src
+    plain = np.memmap(tmp_path / "c.bin", dtype=np.uint32, mode="w+", shape=src.shape)
+    plain[:] = src
+    released: list[object] = []
+    monkeypatch.setattr(writer_module, "release_pages", released.append)
+    monkeypatch.setattr(writer_module, "CHUNK_BYTES", 4096)  # one batch per chunk: 3 chunks
+    write_batch_file(tmp_path / "c.batch", plain, 4, seed=4)
+    assert released == []
+    write_batch_file(tmp_path / "f.batch", fortran, 4, seed=4)
+    assert len(released) == 3 and all(r is fortran for r in released)
+
+
+def test_records_larger_than_a_chunk_are_checked_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(writer_module, "CHUNK_BYTES", 8)  # below one 32-byte int64 record
+    checked: list[int] = []
+    to_u32 = writer_module._to_u32
+
+    def spy(rows: np.ndarray, what: str, first_record: int) -> np.ndarray:
+        checked.append(rows.shape[0])
+        return to_u32(rows, what, first_record)
+
+    monkeypatch.setattr(writer_module, "_to_u32", spy)
+    writer_module._check_values(records(5, 4, np.int64), "tokens_array")
+    assert checked == [1] * 5
