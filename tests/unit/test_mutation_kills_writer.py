@@ -803,3 +803,8 @@ def test_records_larger_than_a_chunk_are_checked_one_at_a_time(
     monkeypatch.setattr(writer_module, "_to_u32", spy)
     writer_module._check_values(records(5, 4, np.int64), "tokens_array")
     assert checked == [1] * 5
+
+
+def test_a_stream_batch_size_of_zero_is_refused_as_an_argument(tmp_path: Path) -> None:
+    with pytest.raises(WriteError, match=r"batch_size must be in \[1, 2\*\*32 - 1\], got 0"):
+        write_batch_dataset(tmp_path / "x.batch", iter(records(8, 4)), 8, 0, 4)
