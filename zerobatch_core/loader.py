@@ -448,10 +448,24 @@ class BatchNativeLoader:
         n = len(self)
         owned = self._owned(epoch, start)
         step = next(owned)
+        views = self._all_views() if step < n and not self._chunked else None
         if step < n and self._chunked:
             yield from self._chunked_pass(serial, epoch, step, owned)
+        elif views is not None and self._stride == 1 and not self.skip_steps:
+            # Every step served, one view each: index the whole-file view block by block,
+            # with no per-step generator work (the loop's cost is this loop's own).
+            per_step = self.bytes_per_step
+            for block in self._blocks(epoch, step):
+                for index in block:
+                    if self._serial != serial or self._epoch != epoch:
+                        return
+                    step += 1
+                    self._step = step
+                    self.bytes_read += per_step
+                    yield views[index]
+                    if self._serial != serial:
+                        return
         elif step < n:
-            views = self._all_views()
             for pieces, step_after in self._ahead(self._pieces(epoch, step, owned)):
                 if self._serial != serial or self._epoch != epoch:
                     return
