@@ -346,3 +346,15 @@ def test_int64_items_of_a_strided_pass_are_the_uint32_items_widened(
     assert len(wide) == len(narrow) > 2
     for a, b in zip(wide, narrow, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_adjacent_skip_ranges_merge_into_one() -> None:
+    assert normalize_skips([(2, 4), (0, 2)]) == ((0, 4),)
+
+
+def test_a_global_batch_of_one_record_serves_one_record_per_step(
+    make_file: Callable[..., Path],
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), global_batch_size=1)
+    assert len(loader) == 40
+    assert next(iter(loader)).shape == (1, 8)
