@@ -808,3 +808,9 @@ def test_records_larger_than_a_chunk_are_checked_one_at_a_time(
 def test_a_stream_batch_size_of_zero_is_refused_as_an_argument(tmp_path: Path) -> None:
     with pytest.raises(WriteError, match=r"batch_size must be in \[1, 2\*\*32 - 1\], got 0"):
         write_batch_dataset(tmp_path / "x.batch", iter(records(8, 4)), 8, 0, 4)
+
+
+def test_a_single_out_of_range_token_is_refused(tmp_path: Path) -> None:
+    # One record of one token: the conversion's shortcut is for empty inputs only.
+    with pytest.raises(WriteError, match="record 0, token 0: value -1"):
+        write_batch_file(tmp_path / "x.batch", np.array([[-1]], dtype=np.int64), 1)
