@@ -358,3 +358,9 @@ def test_a_global_batch_of_one_record_serves_one_record_per_step(
     loader = BatchNativeLoader(make_file(n=40, batch_size=4), global_batch_size=1)
     assert len(loader) == 40
     assert next(iter(loader)).shape == (1, 8)
+
+
+def test_a_state_origin_before_step_zero_is_refused(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    with pytest.raises(StateError, match=r"state origin -1 is outside \[0, step\]"):
+        loader.load_state_dict(dict(loader.state_dict(), origin=-1))
