@@ -814,3 +814,17 @@ def test_a_single_out_of_range_token_is_refused(tmp_path: Path) -> None:
     # One record of one token: the conversion's shortcut is for empty inputs only.
     with pytest.raises(WriteError, match="record 0, token 0: value -1"):
         write_batch_file(tmp_path / "x.batch", np.array([[-1]], dtype=np.int64), 1)
+
+
+def test_a_stale_temporary_that_cannot_be_removed_is_left_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stale = tmp_path / f".x.batch.{dead_pid()}.0a1b2c3d.tmp"
+    stale.write_bytes(b"left")
+
+    def refuse(path: Any, *args: Any, **kwargs: Any) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    assert writer_module.remove_stale_temporaries(tmp_path) is None
+    assert stale.read_bytes() == b"left"
