@@ -828,3 +828,41 @@ def test_a_stale_temporary_that_cannot_be_removed_is_left_quietly(
     monkeypatch.setattr(os, "unlink", refuse)
     assert writer_module.remove_stale_temporaries(tmp_path) is None
     assert stale.read_bytes() == b"left"
+
+
+def test_a_stream_seq_len_of_zero_is_refused_as_an_argument(tmp_path: Path) -> None:
+    with pytest.raises(WriteError, match=r"seq_len must be in \[1, 2\*\*32 - 1\], got 0"):
+        write_batch_dataset(tmp_path / "x.batch", iter(records(8, 4)), 8, 2, 0)
+
+
+def test_a_dangling_symlink_at_the_output_path_counts_as_existing(tmp_path: Path) -> None:
+    dest = tmp_path / "x.batch"
+    dest.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(WriteError, match="output file already exists"):
+        write_batch_file(dest, records(8, 4), 2)
+    assert dest.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_the_stale_temporary_of_a_one_letter_output_name_is_removed(tmp_path: Path) -> None:
+    stale = tmp_path / f".a.{dead_pid()}.0a1b2c3d.tmp"
+    stale.write_bytes(b"old")
+    writer_module.remove_stale_temporaries(tmp_path)
+    assert not stale.exists()
+
+
+def test_a_sliced_memmap_input_is_read_by_its_values(tmp_path: Path) -> None:
+    src = records(14, 4)
+    mm = np.memmap(tmp_path / "src.bin", dtype=np.uint32, mode="w+", shape=src.shape)
+    mm[:] = src
+    mm.flush()
+    write_batch_file(tmp_path / "a.batch", mm[2:], 4, seed=4)
+    write_batch_file(tmp_path / "b.batch", src[2:], 4, seed=4)
+    assert (tmp_path / "a.batch").read_bytes() == (tmp_path / "b.batch").read_bytes()
+
+
+def test_a_stream_too_short_for_a_batch_is_still_checked_item_by_item(tmp_path: Path) -> None:
+    blocks = [records(1, 4), records(1, 3)]  # the second record has the wrong length
+    with pytest.raises(
+        WriteError, match=r"item at record 1: expected shape \(4,\) or \(k, 4\), got \(1, 3\)"
+    ):
+        write_batch_dataset(tmp_path / "x.batch", iter(blocks), 2, 4, 4, allow_empty=True)
