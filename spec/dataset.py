@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +44,14 @@ DATASET_KEY_TAG: Final = 0x5A42_4441_5441_5345  # "ZBDATASE"
 """Mixed into the dataset seed before the epoch, so dataset keys never equal file keys."""
 
 _SHARD_NAME = re.compile(r"\A[A-Za-z0-9._-]{1,255}\Z")
+
+
+def is_shard_name(name: object) -> TypeGuard[str]:
+    """Whether ``name`` passes the shard name rule (``SPEC.md`` section 12.2): 1 to 255 ASCII
+    letters, digits, ``.``, ``_`` or ``-``, and neither ``.`` nor ``..``. Readers refuse a
+    manifest with any other name; writers check names with it before they write one."""
+    return isinstance(name, str) and bool(_SHARD_NAME.match(name)) and name not in (".", "..")
+
 
 SHARD_NAME_FORMAT: Final = "shard-{:05d}.batch"
 """Name the sharded writer gives shard ``i`` (``SPEC.md`` section 12): ``shard-00000.batch``,
@@ -195,7 +203,7 @@ def _shard(obj: object, i: int, batch_size: int, seq_len: int) -> Shard:
     if not isinstance(obj, dict):
         raise _ManifestError(DatasetCode.MANIFEST_BAD_FIELD, f"shards[{i}]", "expected an object")
     name = obj.get("name")
-    if not isinstance(name, str) or not _SHARD_NAME.match(name) or name in (".", ".."):
+    if not is_shard_name(name):
         raise _ManifestError(
             DatasetCode.MANIFEST_BAD_FIELD,
             f"{where}name",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Final
@@ -58,6 +58,8 @@ class LiveCode(str, Enum):
     BAD_FIELD = "live_bad_field"
     NOT_CONTIGUOUS = "live_not_contiguous"
     BAD_PRODUCER = "live_bad_producer"
+    NOT_SUCCESSOR = "live_not_successor"
+    """A version that does not follow from its predecessor (section 18.4)."""
 
     def __str__(self) -> str:
         return self.value
@@ -195,6 +197,12 @@ def parse_watermark_name(key: str) -> tuple[str, int] | None:
     """``(consumer, batch)`` of a watermark key, or ``None`` if ``key`` is not one."""
     m = re.fullmatch(r"watermarks/([A-Za-z0-9_-]{1,64})/(\d{20})\.json", key)
     return (m.group(1), int(m.group(2))) if m else None
+
+
+def parse_segment_name(key: str) -> int | None:
+    """The first global batch a segment key names, or ``None`` if ``key`` is not one."""
+    m = re.fullmatch(r"segments/(\d{20})\.json", key)
+    return int(m.group(1)) if m else None
 
 
 def parse_manifest_name(key: str) -> int | None:
@@ -620,3 +628,141 @@ def live_entries(segments: Iterable[Segment], tail: Iterable[Entry]) -> list[Ent
     out = [e for s in segments for e in s.entries]
     out.extend(tail)
     return out
+
+
+# -- the chain of versions (section 18.4) ----------------------------------------------------
+def successor_violation(
+    prev: LiveManifest,
+    nxt: LiveManifest,
+    segment: Callable[[SegmentRef], Segment | None] | None = None,
+) -> LiveViolation | None:
+    """The first rule of section 18.4 by which version ``nxt`` does not follow from ``prev``,
+    or ``None`` when it does.
+
+    A version follows from its predecessor when it is what a commit (18.3) or a trim (section
+    19) of the predecessor can produce: the next number and the same id; the predecessor's
+    sealed segments less a leading run of them, then new segments that seal a leading run of
+    the predecessor's tail; the rest of that tail unchanged, then the entries added, from the
+    predecessor's ``batches`` on; ``start`` at the first thing listed; and each producer's
+    offset grown by exactly the batches of its added entries (which continue its stream), its
+    commits by one if it added any. ``segment`` (optional) reads a segment a new reference
+    names (``None`` if it was reclaimed since), to check that it holds exactly the tail
+    entries it seals. A retention run that
+    checks this for every version present trusts the newest only if it follows from the oldest
+    (the anchor), so one crafted or mistaken version can stop retention but never steer it.
+    """
+
+    def fail(where: str, detail: str) -> LiveViolation:
+        return LiveViolation(LiveCode.NOT_SUCCESSOR, where, detail)
+
+    if nxt.dataset_id != prev.dataset_id:
+        return fail("id", f"{nxt.dataset_id}, but version {prev.version} has {prev.dataset_id}")
+    if nxt.version != prev.version + 1:
+        return fail("manifest", f"{nxt.version} does not follow version {prev.version}")
+    if nxt.batches < prev.batches:
+        return fail("batches", f"{nxt.batches}: shrinks from {prev.batches}")
+    old = prev.segments
+    dropped = old.index(nxt.segments[0]) if nxt.segments and nxt.segments[0] in old else len(old)
+    kept = len(old) - dropped
+    for i in range(kept):
+        if i >= len(nxt.segments) or nxt.segments[i] != old[dropped + i]:
+            return fail(
+                f"segments[{i}]",
+                f"differs from version {prev.version}'s segment {old[dropped + i].name} (a "
+                "version keeps the segments it does not trim as they are)",
+            )
+    tail, sealed = prev.tail, 0
+    for i in range(kept, len(nxt.segments)):
+        ref = nxt.segments[i]
+        at = sealed
+        sealed += ref.entries
+        if at >= len(tail) or ref.first != tail[at].first or sealed > len(tail):
+            return fail(
+                f"segments[{i}]",
+                f"{ref.name} ({ref.entries} entries) does not seal entries of version "
+                f"{prev.version}'s tail ({len(tail) - at} left to seal)",
+            )
+        if ref.end != tail[sealed - 1].end:
+            return fail(
+                f"segments[{i}].batches",
+                f"{ref.num_batches}: the tail entries it seals cover "
+                f"{tail[sealed - 1].end - ref.first}",
+            )
+        found = segment(ref) if segment is not None else None
+        if found is not None and found.entries != tail[at:sealed]:
+            return fail(f"segments[{i}]", f"{ref.name} does not hold the tail entries it seals")
+    rest = tail[sealed:]
+    for i, e in enumerate(rest):
+        if i >= len(nxt.tail) or nxt.tail[i] != e:
+            return fail(
+                f"tail[{i}]",
+                f"entry {e.name} of version {prev.version} was removed or changed (tail "
+                "entries leave the tail only by sealing)",
+            )
+    added = nxt.tail[len(rest) :]
+    if added and added[0].first != prev.batches:
+        return fail("tail", f"entries added at {added[0].first}, not at {prev.batches}")
+    if nxt.segments:
+        expected = nxt.segments[0].first
+    else:
+        expected = nxt.tail[0].first if nxt.tail else prev.batches
+    if nxt.start != expected:
+        return fail(
+            "start",
+            f"{nxt.start}: the first batch it lists is {expected} (start moves only by "
+            f"trimming segments version {prev.version} listed)",
+        )
+    for pid in prev.producers:
+        if pid not in nxt.producers:
+            return fail(f"producers.{pid}", f"disappears after version {prev.version}")
+    by_producer: dict[str, list[Entry]] = {}
+    for e in added:
+        by_producer.setdefault(e.producer, []).append(e)
+    for pid in sorted(nxt.producers):
+        state, before = nxt.producers[pid], prev.producers.get(pid, Producer(0, 0))
+        at = before.offset
+        for e in by_producer.get(pid, []):
+            if e.offset != at:
+                return fail(
+                    f"producers.{pid}",
+                    f"an added entry starts at offset {e.offset}, its stream was at {at}",
+                )
+            at += e.num_batches
+        if state.offset != at:
+            return fail(
+                f"producers.{pid}.offset",
+                f"{state.offset}: version {prev.version} has {before.offset} and the entries "
+                f"added hold {at - before.offset} more",
+            )
+        commits = before.commits + (1 if pid in by_producer else 0)
+        if state.commits != commits:
+            return fail(f"producers.{pid}.commits", f"{state.commits}, expected {commits}")
+    return None
+
+
+# -- watermarks (section 19) -----------------------------------------------------------------
+def build_watermark(dataset_id: str, batch: int) -> bytes:
+    """A watermark object's canonical bytes: the dataset's id and the global batch."""
+    return _dumps({"id": dataset_id, "batch": batch})
+
+
+def parse_watermark(data: bytes) -> tuple[str | None, int] | LiveViolation:
+    """``(dataset id, batch)`` of a watermark object, the id ``None`` for one written before
+    watermarks carried it (``{"batch": n}``), or the first rule it breaks."""
+    try:
+        obj = json.loads(
+            data.decode("utf-8"),
+            parse_int=_json_int,
+            parse_constant=_json_constant,
+            object_pairs_hook=_json_object,
+        )
+        if not isinstance(obj, dict):
+            raise _FailError(LiveCode.NOT_JSON, "document", "expected a JSON object")
+        batch = _int(obj, "batch", "", 0, U64_MAX)
+        if "id" not in obj:
+            return None, batch
+        return _str(obj, "id", "", _ID), batch
+    except (ValueError, RecursionError) as e:
+        return LiveViolation(LiveCode.NOT_JSON, "document", f"not UTF-8 JSON: {e}")
+    except _FailError as e:
+        return e.violation

@@ -13,6 +13,11 @@ unless ``--debug`` is given:
 - ``MissingDependencyError`` (an optional library not installed) exits 3 with the install command.
 - Anything else is a bug: one line, exit 70 (``EX_SOFTWARE`` of ``sysexits.h``), and ``--debug``
   shows the traceback.
+
+Nothing the command line prints carries credentials: ``main`` remembers the secrets of every URL
+in its arguments and, while a command runs, passes everything written to stdout and stderr
+(messages, reports, JSON, progress lines, ``--debug`` tracebacks) through
+``redaction.scrub``, which drops URL user information and replaces those secrets.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ import re
 import sys
 import textwrap
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import numpy as np
 from zerobatch_spec import (
@@ -51,6 +56,7 @@ from .dataset import DatasetError, DatasetReader
 from .errors import FormatError, MissingDependencyError, WriteError, ZeroBatchError
 from .loader import DEFAULT_BLOCK_SIZE
 from .reader import BatchFileReader
+from .redaction import remember, scrub
 from .validation import DatasetReport, validate_dataset, validate_file
 
 if TYPE_CHECKING:
@@ -94,17 +100,23 @@ def _plural(n: int, word: str, plural: str | None = None) -> str:
 # --- paths --------------------------------------------------------------------------------------
 
 
+def _shown(path: str) -> str:
+    """``path`` as messages show it: an argument with a URL scheme without user information or
+    query (``redaction.redact``), anything else as given."""
+    return cli_remote.shown(path) if "://" in path else path
+
+
 def _check_readable(path: str) -> None:
     """A ``UsageError`` unless ``path`` is a regular file this process can read."""
     if not os.path.exists(path):
-        raise UsageError(f"{path}: no such file")
+        raise UsageError(f"{_shown(path)}: no such file")
     if not os.path.isfile(path):
-        raise UsageError(f"{path}: not a regular file")
+        raise UsageError(f"{_shown(path)}: not a regular file")
     try:
         with open(path, "rb"):
             pass
     except OSError as e:
-        raise UsageError(f"{path}: cannot be read: {e.strerror or e}") from e
+        raise UsageError(f"{_shown(path)}: cannot be read: {e.strerror or e}") from e
 
 
 def _readable_inputs(patterns: Sequence[str]) -> list[str]:
@@ -115,7 +127,7 @@ def _readable_inputs(patterns: Sequence[str]) -> list[str]:
         if glob.has_magic(pattern) and not os.path.exists(pattern):
             matches = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
             if not matches:
-                raise UsageError(f"{pattern}: no file matches this pattern")
+                raise UsageError(f"{_shown(pattern)}: no file matches this pattern")
             found.extend(matches)
             continue
         _check_readable(pattern)
@@ -127,10 +139,17 @@ def _check_output(args: argparse.Namespace, inputs: Sequence[str]) -> None:
     """The writers' own checks of ``args.output`` (``writer.check_output``: not a directory, in
     an existing directory, not one of ``inputs``, not an existing file unless ``--overwrite``;
     with ``--shard-size``, ``dataset_build.check_dataset_output``), made before anything is
-    read, and reported as usage errors."""
+    read, and reported as usage errors. A URL is refused: the writers write local paths, and
+    ``https://host/x`` would become a local directory named ``https:``."""
     from .dataset_build import check_dataset_output
+    from .storage import is_url
     from .writer import check_output
 
+    if is_url(args.output):  # it would be written as a local path named "https:/..."
+        raise UsageError(
+            f"{_shown(args.output)}: {args.command} writes local files and directories, not "
+            "URLs; write locally, then copy the file or directory to the object store"
+        )
     try:
         if args.shard_batches is None:
             check_output(args.output, overwrite=args.overwrite, inputs=inputs)
@@ -141,8 +160,11 @@ def _check_output(args: argparse.Namespace, inputs: Sequence[str]) -> None:
 
 
 def _dataset_directory(path: str) -> None:
-    """A ``UsageError`` unless the directory ``path`` holds a manifest."""
-    if not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+    """A ``UsageError`` unless the directory ``path`` holds a manifest (a regular file)."""
+    manifest = os.path.join(path, MANIFEST_NAME)
+    if os.path.lexists(manifest) and not os.path.isfile(manifest):
+        raise UsageError(f"{manifest}: not a regular file; a dataset's manifest is a file")
+    if not os.path.isfile(manifest):
         raise UsageError(
             f"{path}: a directory but not a dataset (it has no {MANIFEST_NAME}); describe the "
             f"LLMBATCH files in it with: zerobatch dataset create {path}"
@@ -462,12 +484,20 @@ def _shard_name(directory: str, path: str) -> str:
 
 
 def cmd_dataset_create(args: argparse.Namespace) -> int:
-    from .dataset_build import create_dataset
+    """``dataset create``: the names are checked against the manifest's name rule first (a
+    usage error naming every bad one, nothing written), then ``create_dataset`` writes (and,
+    with ``--overwrite``, swaps in) the manifest."""
+    from .dataset_build import create_dataset, dataset_shard_names
 
     directory = args.directory
     if not os.path.isdir(directory):
         raise UsageError(f"{directory}: no such directory")
-    names = [_shard_name(directory, f) for f in args.files] or None
+    try:
+        names = dataset_shard_names(
+            directory, [_shard_name(directory, f) for f in args.files] or None
+        )
+    except WriteError as e:
+        raise UsageError(str(e)) from e
     manifest = create_dataset(directory, names, seed=args.seed, overwrite=args.overwrite)
     summary = {
         "path": os.path.join(directory, MANIFEST_NAME),
@@ -1219,7 +1249,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _os_message(e: OSError) -> str:
     """An ``OSError`` as ``path: reason``."""
     text = e.strerror or str(e)
-    if e.filename is not None and os.fspath(e.filename) not in text:
+    if e.filename is not None and not text.startswith(os.fspath(e.filename)):
         text = f"{os.fspath(e.filename)}: {text}"
     return text
 
@@ -1238,8 +1268,47 @@ def _classify(e: Exception, flags: Mapping[str, Flag]) -> tuple[int, str]:
     return EXIT_INTERNAL, f"internal error: {type(e).__name__}: {e}"
 
 
+class _ScrubbedStream:
+    """A text stream that passes every write through ``redaction.scrub`` (the module docstring).
+
+    Everything else (``isatty``, ``flush``, ``encoding``, ...) is the wrapped stream's.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(scrub(text))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``zerobatch`` with ``argv`` (default: ``sys.argv[1:]``) and return the exit status."""
+    """Run ``zerobatch`` with ``argv`` (default: ``sys.argv[1:]``) and return the exit status.
+
+    While the command runs, stdout and stderr are scrubbed of the secrets of every URL in
+    ``argv`` and of URL user information (the module docstring).
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    for argument in arguments:
+        remember(os.fspath(argument))
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout = cast(TextIO, _ScrubbedStream(stdout))
+    sys.stderr = cast(TextIO, _ScrubbedStream(stderr))
+    try:
+        return _run(arguments)
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+
+
+def _run(argv: Sequence[str]) -> int:
+    """``main`` after its streams are scrubbed: parse, run, and classify any error."""
     parser = build_parser()
     args = parser.parse_args(argv)
     prog = " ".join(["zerobatch", args.command, *filter(None, [getattr(args, "action", None)])])
@@ -1256,7 +1325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         elif status == EXIT_INTERNAL:
             message += "; run with --debug for the traceback"
-        print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
+        print(f"{prog}: error: {scrub(' '.join(message.split()))}", file=sys.stderr)
         return status
     return status
 

@@ -44,6 +44,7 @@ from .closing import Closing
 from .errors import ZeroBatchError
 from .order import ShardedBlockOrder, sharded_order
 from .reader import BatchFileReader
+from .regular_files import read_regular_file
 
 Verify = Literal["off", "first", "always"]
 VERIFY_MODES: tuple[Verify, ...] = ("off", "first", "always")
@@ -101,8 +102,7 @@ def is_dataset(path: str | os.PathLike[str]) -> bool:
 def read_manifest(directory: str | os.PathLike[str]) -> tuple[Manifest, bytes]:
     """The directory's checked manifest and its bytes; ``DatasetError`` for a broken one."""
     path = os.path.join(os.fspath(directory), MANIFEST_NAME)
-    with open(path, "rb") as f:
-        data = f.read()
+    data = read_regular_file(path)  # a FIFO is refused, not waited on
     parsed = parse_manifest(data)
     if isinstance(parsed, DatasetViolation):
         raise DatasetError(path, parsed)
@@ -144,7 +144,10 @@ class DatasetReader(Closing):
         self._closing: list[Future[None]] = []  # shards past max_open, being closed
         self._pid = os.getpid()
         self._checksums: npt.NDArray[np.uint64] | None = None
-        self._verified = np.zeros(self.num_batches if verify == "first" else 0, dtype=np.bool_)
+        # Slots checked so far under "first", one array per shard made when the shard is
+        # opened (its size checked against the manifest): the manifest's slot counts are only
+        # claims until then, so nothing is sized from them before.
+        self._verified: dict[int, npt.NDArray[np.bool_]] = {}
         self.bytes_read = 0
         """Bytes of slots this reader has handed out or verified (for accounting and tests)."""
         self._closed = False
@@ -294,10 +297,15 @@ class DatasetReader(Closing):
         """
         shard, local = self.locate(index)
         reader = self.shard(shard)
-        if self.verify == "always" or (self.verify == "first" and not self._verified[index]):
+        if self.verify == "always":
             self._check_slot(reader, shard, local, index)
-            if self.verify == "first":
-                self._verified[index] = True
+        elif self.verify == "first":
+            seen = self._verified.get(shard)
+            if seen is None:  # the shard is open: its slot count is its file's
+                seen = self._verified[shard] = np.zeros(reader.num_batches, dtype=np.bool_)
+            if not seen[local]:
+                self._check_slot(reader, shard, local, index)
+                seen[local] = True
         return reader.read_batch(local)
 
     def count(self, nbytes: int) -> None:
@@ -309,9 +317,8 @@ class DatasetReader(Closing):
         if self._checksums is None:
             path = os.path.join(self.path, CHECKSUMS_NAME)
             try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError as e:  # missing, a directory, unreadable
+                data = read_regular_file(path)  # a FIFO is refused, not waited on
+            except OSError as e:  # missing, not a regular file, unreadable
                 detail = "not found" if isinstance(e, FileNotFoundError) else f"unreadable: {e}"
                 raise DatasetError(
                     path,

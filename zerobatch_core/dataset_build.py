@@ -10,15 +10,26 @@ that is missing or partial.
 
 ``write_sharded_dataset`` owns the names ``shard-NNNNN.batch``, ``checksums.xxh3`` and
 ``manifest.json`` in its directory: it refuses a directory that holds any of them unless
-``overwrite=True`` (a manifest: an existing dataset; shards alone: an unfinished write), never
-writes over one of its ``inputs``, and after an overwrite removes the shard files of the earlier
-dataset that the new manifest does not list, so the directory holds exactly the new dataset.
+``overwrite=True`` (a manifest: an existing dataset; shards alone: an unfinished write), and
+never writes over one of its ``inputs``.
+
+Replacing a dataset (``overwrite=True`` on a directory with a manifest), by either function,
+never touches the old dataset until the new one is whole: the new one is staged in a sibling
+directory ``.NAME.zerobatch-new-RAND``, fsynced, and swapped with the old directory in one step
+(``renameat2(RENAME_EXCHANGE)``), so the path holds the old dataset or the new one at every
+instant, a kill or Ctrl-C included. The old directory's files that the new dataset does not
+replace are carried over as hard links, so the directory holds exactly the new dataset plus
+the user's other files (``write_sharded_dataset`` drops the old dataset's listed shards and
+every ``shard-NNNNN.batch``; ``create_dataset`` only the old manifest and checksums). The
+staging and the swap are ``dataset_replace``'s (shared with ``ray_convert``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -34,11 +45,19 @@ from zerobatch_spec.dataset import (
     build_manifest,
     bytes_xxh3,
     header_xxh3,
+    is_shard_name,
+    parse_manifest,
     shard_seed,
 )
 
 from .arguments import int_arg
 from .dataset import slot_checksums
+from .dataset_replace import (
+    StagedReplacement,
+    check_replaceable,
+    refuse_aside,
+    remove_stale_staging,
+)
 from .errors import WriteError
 from .reader import BatchFileReader
 from .writer import write_batch_dataset, write_bytes_atomic
@@ -108,12 +127,15 @@ def _check_directory(directory: str | os.PathLike[str], overwrite: bool) -> str:
     path = os.fspath(directory)
     if os.path.exists(path) and not os.path.isdir(path):
         raise WriteError(f"{path}: exists and is not a directory (a dataset is a directory)")
+    refuse_aside(path)
     os.makedirs(path, exist_ok=True)
-    if os.path.exists(os.path.join(path, MANIFEST_NAME)) and not overwrite:
-        raise WriteError(
-            f"{path}: already a dataset (it has a {MANIFEST_NAME}); pass overwrite=True "
-            "(--overwrite on the command line) to replace it"
-        )
+    if _is_dataset(path):
+        if not overwrite:
+            raise WriteError(
+                f"{path}: already a dataset (it has a {MANIFEST_NAME}); pass overwrite=True "
+                "(--overwrite on the command line) to replace it"
+            )
+        check_replaceable(path, _metadata_only)
     return path
 
 
@@ -135,12 +157,16 @@ def check_dataset_output(
 
     Nothing is created. Refused with a ``WriteError`` naming the path: an existing path that is
     not a directory; a directory that is already a dataset, or that holds shard files
-    (``shard-NNNNN.batch``) without a manifest, unless ``overwrite``; and, always, an input
-    that is one of the files the write would replace (a shard, the checksums or the manifest).
+    (``shard-NNNNN.batch``) without a manifest, unless ``overwrite``; a dataset that cannot be
+    replaced whole (a mount point, or one holding a subdirectory or another entry that is not
+    a regular file or symbolic link: see ``write_sharded_dataset``); a dataset an interrupted
+    overwrite moved aside (``dataset_replace.ASIDE_TAG``); and, always, an input that is one of
+    the files the write would replace (a shard, the checksums or the manifest).
     """
     path = os.fspath(directory)
     if os.path.exists(path) and not os.path.isdir(path):
         raise WriteError(f"{path}: output path exists and is not a directory (a dataset is one)")
+    refuse_aside(path)
     if os.path.isdir(path):
         real = os.path.realpath(path)
         for item in inputs:
@@ -150,11 +176,13 @@ def check_dataset_output(
                 raise WriteError(
                     f"{name}: input file would be replaced by the dataset written into {path}"
                 )
-        if os.path.exists(os.path.join(path, MANIFEST_NAME)) and not overwrite:
-            raise WriteError(
-                f"{path}: already a dataset (it has a {MANIFEST_NAME}); pass overwrite=True "
-                "(--overwrite on the command line) to replace it"
-            )
+        if _is_dataset(path):
+            if not overwrite:
+                raise WriteError(
+                    f"{path}: already a dataset (it has a {MANIFEST_NAME}); pass overwrite=True "
+                    "(--overwrite on the command line) to replace it"
+                )
+            check_replaceable(path, sharded_writer_drops(path))
         leftovers = shard_file_names(path)
         if leftovers and not overwrite:
             raise WriteError(
@@ -163,6 +191,45 @@ def check_dataset_output(
                 "to replace them"
             )
     return path
+
+
+def dataset_shard_names(directory: PathLike, names: Sequence[str] | None = None) -> list[str]:
+    """The shard names ``create_dataset`` would list for ``directory``, checked.
+
+    ``names`` default to every ``*.batch`` entry of the directory, sorted. Refused with one
+    ``WriteError`` naming every bad name: a name the manifest's name rule rejects (``SPEC.md``
+    section 12.2: 1 to 255 ASCII letters, digits, ``.``, ``_`` or ``-``, not ``.`` or ``..``,
+    so no space, path separator, backslash, control or non-ASCII character), a dataset
+    metadata name (``manifest.json``, ``checksums.xxh3``), and a name given twice; or no name
+    at all. Nothing is written.
+    """
+    path = os.fspath(directory)
+    if names is None:
+        names = sorted(n for n in os.listdir(path) if n.endswith(".batch"))
+    if not names:
+        raise WriteError(f"{path}: no LLMBATCH files to describe (*.batch)")
+    bad: list[str] = []
+    seen: set[str] = set()
+    for name in names:
+        if not is_shard_name(name):
+            bad.append(f"{name!r} (not {SHARD_NAME_RULE})")
+        elif name in _METADATA:
+            bad.append(f"{name!r} (the dataset's own metadata file)")
+        elif name in seen:
+            bad.append(f"{name!r} (given twice)")
+        seen.add(name)
+    if bad:
+        raise WriteError(
+            f"{path}: {len(bad)} shard {'name breaks' if len(bad) == 1 else 'names break'} the "
+            f"manifest's name rule (SPEC.md 12.2): {', '.join(bad[:10])}"
+            + (f", and {len(bad) - 10} more" if len(bad) > 10 else "")
+            + "; rename the files (nothing was written)"
+        )
+    return list(names)
+
+
+SHARD_NAME_RULE = "1 to 255 ASCII letters, digits, '.', '_' or '-', and neither '.' nor '..'"
+"""The manifest's shard name rule in words (``SPEC.md`` section 12.2)."""
 
 
 def create_dataset(
@@ -176,22 +243,52 @@ def create_dataset(
     """Describe LLMBATCH files in ``directory`` as a dataset: checksums, then the manifest.
 
     ``names`` are the shard file names in dataset order (default: every ``*.batch`` file in
-    the directory, sorted). They must share ``batch_size`` and ``seq_len``. ``seed`` is the
-    dataset's default order seed (default: the first shard's header seed). Every slot is read
-    once to checksum it.
+    the directory, sorted), checked by ``dataset_shard_names`` before anything is written.
+    They must share ``batch_size`` and ``seq_len``. ``seed`` is the dataset's default order
+    seed (default: the first shard's header seed). Every slot is read once to checksum it.
+
+    Replacing a dataset (``overwrite``, a directory with a manifest) never changes the old one
+    until the new one is whole: the new manifest and checksums are written into a staging
+    directory beside it that holds hard links to every other file of the directory (the
+    shards, listed or not, and any other file: they are the user's), and the two directories
+    are then swapped in one step (see ``write_sharded_dataset``). An interruption or an error
+    before the swap leaves the old dataset exactly as it was.
     """
     path = _check_directory(directory, overwrite)
-    if names is None:
-        names = sorted(n for n in os.listdir(path) if n.endswith(".batch"))
-    if not names:
-        raise WriteError(f"{path}: no LLMBATCH files to describe (*.batch)")
+    remove_stale_staging(path)
+    names = dataset_shard_names(path, names)
+    if not (overwrite and _is_dataset(path)):
+        return _describe(path, path, names, seed, sources, overwrite)
+    stage = StagedReplacement(path, _metadata_only)
+    try:
+        stage.carry()  # the shards as hard links: the manifest describes these very files
+        manifest = _describe(path, stage.path, names, seed, sources, False)
+        stage.commit()
+    except BaseException:
+        stage.discard()
+        raise
+    return manifest
+
+
+def _describe(
+    path: str,
+    out: str,
+    names: Sequence[str],
+    seed: int | None,
+    sources: Sequence[Source],
+    overwrite: bool,
+) -> Manifest:
+    """``create_dataset``'s work: read the shards ``names`` in ``out`` and commit their
+    manifest there (errors name ``path``, the dataset's own path)."""
     shards: list[Shard] = []
     checksums: list[npt.NDArray[np.uint64]] = []
     shape: tuple[int, int] | None = None
     for name in names:
-        if os.path.basename(name) != name:
-            raise WriteError(f"{path}: shard {name!r} must be a file name inside the directory")
         with BatchFileReader(os.path.join(path, name)) as reader:
+            if out != path and not os.path.samefile(
+                os.path.join(path, name), os.path.join(out, name)
+            ):
+                raise WriteError(f"{path}: {name} was replaced while the dataset was written")
             if shape is None:
                 shape = (reader.batch_size, reader.seq_len)
             elif shape != (reader.batch_size, reader.seq_len):
@@ -204,7 +301,50 @@ def create_dataset(
             checksums.append(slot_checksums(reader))
     assert shape is not None
     first_seed = shards[0].seed if seed is None else int_arg("seed", seed, 0)
-    return commit_manifest(path, shards, checksums, *shape, first_seed, sources, overwrite)
+    return commit_manifest(out, shards, checksums, *shape, first_seed, sources, overwrite)
+
+
+def _old_dataset_names(path: str) -> frozenset[str]:
+    """The files of the dataset in ``path`` that its replacement drops: its manifest, its
+    checksums, the shards its manifest lists (when it parses), and the sharded writer's
+    ``shard-NNNNN.batch`` names."""
+    names = set(_METADATA)
+    data = b""
+    with contextlib.suppress(OSError):
+        fd = os.open(os.path.join(path, MANIFEST_NAME), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):  # never wait on a FIFO
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    data = f.read(_OLD_MANIFEST_LIMIT + 1)
+        finally:
+            os.close(fd)
+    if data and len(data) <= _OLD_MANIFEST_LIMIT:
+        parsed = parse_manifest(data)
+        if isinstance(parsed, Manifest):
+            names.update(s.name for s in parsed.shards)
+    return frozenset(names)
+
+
+_OLD_MANIFEST_LIMIT = 256 * 2**20
+"""Largest old manifest read to learn which files its replacement drops (larger: only the
+sharded writer's own names are dropped)."""
+
+
+def _is_dataset(path: str) -> bool:
+    return os.path.lexists(os.path.join(path, MANIFEST_NAME))
+
+
+def _metadata_only(name: str) -> bool:
+    """What ``create_dataset`` drops of the dataset it replaces: its manifest and checksums
+    (every other file is the user's, listed or not)."""
+    return name in _METADATA
+
+
+def sharded_writer_drops(path: str) -> Callable[[str], bool]:
+    """What ``write_sharded_dataset`` drops of the dataset in ``path`` when it replaces it:
+    the old dataset's own files (``_old_dataset_names``) and every ``shard-NNNNN.batch``."""
+    old = _old_dataset_names(path)
+    return lambda name: name in old or SHARD_NAME.match(name) is not None
 
 
 class _ShardCutter:
@@ -281,13 +421,35 @@ def write_sharded_dataset(
     shard). The directory is checked first (``check_dataset_output``, with ``inputs``). If
     anything fails before the manifest is written (a source error, an interruption), the
     shards this call wrote are removed.
+
+    Replacing a dataset (``overwrite``, a directory with a manifest) is atomic: the new
+    dataset is written whole into a staging directory beside the old one
+    (``.NAME.zerobatch-new-RAND``, same parent, hence same file system), fsynced, and the two
+    directories are swapped in one step (Linux ``renameat2(RENAME_EXCHANGE)``); the old one is
+    then removed. At every instant, a kill included, ``directory`` holds the whole old dataset
+    or the whole new one; an error or an interruption before the swap removes the staging
+    directory and leaves the old dataset as it was. The old directory's other files are
+    carried over (regular files as hard links, symbolic links recreated); dropped are only
+    the old dataset's manifest, checksums and listed shards, and every ``shard-NNNNN.batch``.
+    A directory holding anything else (a subdirectory, a FIFO) is refused, naming it. Where
+    the system cannot swap in one step, two renames are used: between them ``directory`` is
+    missing and the old dataset lies whole at ``.NAME.zerobatch-old-RAND`` beside it, which
+    later writes refuse to overlook (``check_dataset_output``). The next write removes staging
+    directories left by killed writers (``remove_stale_staging``).
     """
     batch_size = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
     seq_len = int_arg("seq_len", seq_len, 1, U32_MAX, WriteError)
     shard_batches = int_arg("shard_batches", shard_batches, 1, U32_MAX // batch_size, WriteError)
     seed = int_arg("seed", seed, 0, U32_MAX, WriteError)
     path = check_dataset_output(directory, overwrite=overwrite, inputs=inputs)
+    remove_stale_staging(path)
     os.makedirs(path, exist_ok=True)
+    stage = (
+        StagedReplacement(path, sharded_writer_drops(path))
+        if overwrite and _is_dataset(path)
+        else None
+    )
+    out = path if stage is None else stage.path
     cutter = _ShardCutter(records, seq_len)
     per_shard = shard_batches * batch_size
     shards: list[Shard] = []
@@ -296,7 +458,7 @@ def write_sharded_dataset(
     try:
         while not cutter.empty():
             name = SHARD_PATTERN.format(len(shards))
-            target = os.path.join(path, name)
+            target = os.path.join(out, name)
             written = _Counted(cutter.run(per_shard))
             write_batch_dataset(
                 target,
@@ -320,14 +482,24 @@ def write_sharded_dataset(
                 "line) to write it anyway"
             )
         listed = sources() if callable(sources) else sources
+        if stage is not None:
+            manifest = commit_manifest(
+                out, shards, checksums, batch_size, seq_len, seed, listed, False
+            )
+            stage.commit()
+            return manifest
     except BaseException:
-        for shard in shards:  # listed by no manifest: not left behind
-            os.unlink(os.path.join(path, shard.name))
+        if stage is not None:
+            stage.discard()
+        else:
+            for shard in shards:  # listed by no manifest: not left behind
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(path, shard.name))
         raise
     manifest = commit_manifest(
         path, shards, checksums, batch_size, seq_len, seed, listed, overwrite
     )
-    if overwrite:  # the earlier dataset's shards that the new manifest does not list
+    if overwrite:  # shards an unfinished write left (there was no manifest)
         kept = {s.name for s in shards}
         for name in shard_file_names(path):
             if name not in kept:
@@ -349,11 +521,14 @@ class _Counted(Iterator[npt.NDArray[np.integer]]):
 
 __all__ = [
     "SHARD_NAME",
+    "SHARD_NAME_RULE",
     "SHARD_PATTERN",
     "check_dataset_output",
     "commit_manifest",
     "create_dataset",
+    "dataset_shard_names",
     "describe_shard",
     "shard_file_names",
+    "sharded_writer_drops",
     "write_sharded_dataset",
 ]

@@ -6,9 +6,19 @@ import os
 
 from zerobatch_spec import ErrorCode, Violation
 
+from .redaction import scrub
+
 
 class ZeroBatchError(Exception):
-    """Base class of every error ZeroBatch raises on purpose."""
+    """Base class of every error ZeroBatch raises on purpose.
+
+    Its text never carries credentials: ``str()`` is scrubbed of URL user information and of
+    every secret this process was given (``redaction.scrub``), whatever the message was built
+    from (a path given by the caller, an object-store client's error text).
+    """
+
+    def __str__(self) -> str:
+        return scrub(super().__str__())
 
 
 class FormatError(ZeroBatchError, ValueError):

@@ -20,6 +20,12 @@ shared primitive.
   caller resumes its stream there: items committed before a crash are never appended again,
   items appended but not committed are appended again under new names (the old objects are
   never referenced and retention deletes them).
+* Only verified versions: a producer rebases only on a version that follows from the one it
+  built on (``ManifestChain.follow``, ``SPEC.md`` section 18.4), and opens only on a newest
+  version that follows from its predecessor. A crafted or mistaken version (a producer offset
+  far ahead, a version numbered far ahead) makes ``commit`` raise ``ChainError`` at once: its
+  pending objects stay pending and its offset unchanged, so nothing is dropped as "already
+  committed" and nothing is committed on the broken version.
 
 Before the first commit, the store is probed: a conditional create of a fresh key must succeed
 and a second one of the same key must fail. A store that lets both succeed (some
@@ -252,9 +258,11 @@ class LiveProducer:
         The time from that read to the end of the create is the fragile window the cadence
         measures: another commit landing inside it is a conflict, after which this producer
         rebases on the winner (its items already there are dropped) for its next attempt.
+        Every version read is checked to follow from the base before it becomes the base
+        (``ChainError`` otherwise, with nothing pending dropped).
         """
         started = time.monotonic()
-        writers = self._rebase(self.chain.after(self.base.version, list_on_gap=False))
+        writers = self._rebase(self.chain.follow(self.base, list_on_gap=False))
         if not self._pending:  # a twin (or an earlier life) committed everything already
             return True
         # Only entries the base has committed are sealed: a segment's bytes are then the same
@@ -281,8 +289,7 @@ class LiveProducer:
             self.committed = self.offset
         else:
             self.stats.conflicts += 1
-            newer = self.chain.after(self.base.version)
-            writers += self._rebase(newer if newer else [self.chain.latest()])
+            writers += self._rebase(self.chain.follow(self.base))
         window = now - started
         self.stats.attempts += 1
         self.stats.manifest_seconds += window

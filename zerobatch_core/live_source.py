@@ -9,8 +9,12 @@ global batch at every step (rows, token chunks: ``slicing.py``), a loader state 
 in that sequence, and resuming from a checkpoint resumes exactly there.
 
 A read of a global batch that no version lists yet waits: the source reads the versions that
-appeared since (``ManifestChain.after``), polling with a growing interval, until the batch is
-committed or ``timeout`` seconds pass (``LiveTimeoutError``). Reads are ``RemoteSource``'s:
+appeared since (``ManifestChain.follow``), polling with a growing interval, until the batch is
+committed or ``timeout`` seconds pass (``LiveTimeoutError``). Only verified versions are
+served (``SPEC.md`` section 18.4): each version read must follow from the one before it, and
+the newest at open from its predecessor. A crafted or mistaken version raises ``ChainError``
+at once when the source would need it (never after waiting out the timeout); the batches of
+the versions already accepted are still served. Reads are ``RemoteSource``'s:
 byte ranges of just the rank's share, prefetched within ``prefetch_bytes`` (committed batches
 only), each whole-slot fetch checked against the checksum its entry lists.
 """
@@ -70,6 +74,7 @@ class LiveSource(RemoteSource):
                 f"{found.detail}"
             )
         self.descriptor: Descriptor = found
+        self.content_tag = f"live {found.dataset_id}"
         self._shape = (found.batch_size, found.seq_len, found.seed)
         self.path = self.store.url
         self.chain = ManifestChain(self.store, found)
@@ -149,7 +154,7 @@ class LiveSource(RemoteSource):
     def refresh(self) -> bool:
         """Read the versions committed since the newest known one: whether any was."""
         with self._refresh_lock:
-            newer = self.chain.after(self.current.version)
+            newer = self.chain.follow(self.current)
             if not newer:
                 return False
             self._extend(newer[-1], self._firsts[-1])

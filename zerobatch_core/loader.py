@@ -23,9 +23,9 @@ would have: this is what lets a framework that restores its own pass (torchdata'
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import islice
 from typing import Any, Literal, NamedTuple, TypeGuard
 
 import numpy as np
@@ -78,6 +78,15 @@ class Position(NamedTuple):
 
     epoch: int
     step: int
+
+
+_INFINITY = float("inf")
+"""Sorts after every step number: ``(step, _INFINITY)`` follows every range that starts at
+``step``, whatever its end."""
+
+RESTART_GAP = 5000
+"""Serving positions a pass walks through the order to reach its next step; a step further
+ahead (a skipped range, a worker's share of a long split) starts the order anew there."""
 
 
 def _u64(name: str, value: object) -> int:
@@ -292,9 +301,15 @@ class BatchNativeLoader:
         self._stage: ChunkStage[Any] | None = None
 
     # -- order -----------------------------------------------------------------------------
-    def __len__(self) -> int:
-        """Steps per epoch, over all workers: the epoch's samples over the global batch size."""
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps per epoch, over all workers: the epoch's samples over the global batch size
+        (a Python integer: a live dataset's endless epoch has more than ``len`` can return)."""
         return self.source.num_batches * self.source.batch_size // self.global_batch_size
+
+    def __len__(self) -> int:
+        """``steps_per_epoch`` (``len`` raises ``OverflowError`` beyond ``sys.maxsize``)."""
+        return self.steps_per_epoch
 
     @property
     def epoch(self) -> int:
@@ -322,32 +337,105 @@ class BatchNativeLoader:
         return self._phase
 
     def global_step(self, position: Position | None = None) -> int:
-        """``epoch * len(self) + step`` of ``position`` (default: the cursor)."""
+        """``epoch * steps_per_epoch + step`` of ``position`` (default: the cursor)."""
         epoch, step = self.position if position is None else position
-        return epoch * len(self) + step
+        return epoch * self.steps_per_epoch + step
 
     def _served_steps(
         self, epoch: int, start: int, skips: tuple[tuple[int, int], ...] | None = None
     ) -> Iterator[int]:
         """Steps of ``epoch`` from ``start`` on that ``skips`` (default: this loader's) do not
-        skip, continuing past the end of the epoch (where nothing is skipped)."""
-        ranges = self.skip_steps if skips is None else skips
-        n, step = len(self), start
-        base = epoch * n
+        skip, continuing past the end of the epoch (where nothing is skipped). A skipped range
+        is jumped over, not walked: the cost of each step is one search of the ranges."""
+        if not (self.skip_steps if skips is None else skips):
+            yield from itertools.count(start)
+            return
+        step = start
         while True:
-            i = bisect.bisect_right(ranges, (base + step, U64_MAX)) - 1
-            if step >= n or i < 0 or not ranges[i][0] <= base + step < ranges[i][1]:
-                yield step
-            step += 1
+            step = self._nth_served(epoch, step, 0, skips)
+            _, following = self._skip_at(epoch, step, skips)
+            if following <= step:  # past the epoch's end: every step from here on
+                yield from itertools.count(step)
+                return
+            yield from range(step, following)  # served up to the next skipped range
+            step = following
+
+    def _skip_at(
+        self, epoch: int, step: int, skips: tuple[tuple[int, int], ...] | None = None
+    ) -> tuple[int, int]:
+        """``(end, next)``: where the skipped range holding ``step`` of ``epoch`` ends (``step``
+        if none holds it) and where the next one begins (the epoch's end if none), both as
+        steps of ``epoch`` and at most the epoch's end: past it nothing is skipped."""
+        ranges = self.skip_steps if skips is None else skips
+        n = self.steps_per_epoch
+        if step >= n:
+            return step, step
+        base = epoch * n
+        i = bisect.bisect_right(ranges, (base + step, _INFINITY)) - 1
+        if i >= 0 and ranges[i][0] <= base + step < ranges[i][1]:
+            return min(ranges[i][1] - base, n), step
+        following = ranges[i + 1][0] - base if i + 1 < len(ranges) else n
+        return step, min(following, n)
+
+    def _nth_served(
+        self, epoch: int, start: int, m: int, skips: tuple[tuple[int, int], ...] | None = None
+    ) -> int:
+        """The ``m``-th (from 0) served step of ``epoch`` at or after ``start``, in as many
+        searches as skipped ranges it passes (never one per step)."""
+        step = start
+        while True:
+            end, following = self._skip_at(epoch, step, skips)
+            if end > step:  # inside a skipped range: jump past it
+                step = end
+                continue
+            if following <= step or m < following - step:  # past the epoch, or before a range
+                return step + m
+            m -= following - step
+            step = following
+
+    def _count_served(
+        self, epoch: int, lo: int, hi: int, skips: tuple[tuple[int, int], ...] | None = None
+    ) -> int:
+        """Served steps of ``epoch`` in ``[lo, hi)``: two searches of the skipped ranges."""
+        ranges = self.skip_steps if skips is None else skips
+        n = self.steps_per_epoch
+        base = epoch * n
+        below = _SkipTotals.of(ranges)
+        a, b = base + min(lo, n), base + min(max(lo, hi), n)
+        return max(0, hi - lo) - (below(b) - below(a))
 
     def _owned(self, epoch: int, start: int) -> Iterator[int]:
         """This copy's steps of ``epoch`` from ``start`` on (past the end: where its cursor
-        would go next), the worker split counted over served steps from the split's origin."""
+        would go next), the worker split counted over served steps from the split's origin.
+        Computed, not walked: each step costs a search of the skipped ranges."""
         if self._stride == 1:
             return self._served_steps(epoch, start)
-        origin = self._origin.step if self._origin.epoch == epoch else 0
-        served = self._served_steps(epoch, origin)
-        return (s for j, s in enumerate(served) if j % self._stride == self._phase and s >= start)
+        return self._split_steps(epoch, start)
+
+    def _split_steps(self, epoch: int, start: int) -> Iterator[int]:
+        """This worker's steps from ``start`` on: its first, then every ``k``-th served one."""
+        k = self._stride
+        step = self._first_owned(epoch, start, k, self._phase)
+        while True:
+            yield step
+            step = self._nth_served(epoch, step + 1, k - 1)
+
+    def _first_owned(
+        self,
+        epoch: int,
+        start: int,
+        workers: int,
+        worker: int,
+        skips: tuple[tuple[int, int], ...] | None = None,
+        origin: int | None = None,
+    ) -> int:
+        """The first step at or after ``start`` that worker ``worker`` of ``workers`` serves:
+        the served steps from the split's origin are dealt out round-robin."""
+        if origin is None:
+            origin = self._origin.step if self._origin.epoch == epoch else 0
+        start = max(start, origin)
+        j = self._count_served(epoch, origin, start, skips)  # served steps before start
+        return self._nth_served(epoch, start, (worker - j) % workers, skips)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (a no-op if it is already the current epoch)."""
@@ -365,12 +453,15 @@ class BatchNativeLoader:
         """The cursor after serving ``steps`` more items from ``position`` within its pass."""
         if self._stride == 1 and not self.skip_steps:
             return Position(position.epoch, position.step + steps)
-        owned = self._owned(position.epoch, position.step)
-        return Position(position.epoch, next(islice(owned, steps, None)))
+        epoch, step = position
+        if self._stride == 1:
+            return Position(epoch, self._nth_served(epoch, step, steps))
+        first = self._first_owned(epoch, step, self._stride, self._phase)
+        return Position(epoch, self._nth_served(epoch, first, steps * self._stride))
 
     def next_pass(self, position: Position) -> Position:
         """Where a pass that ends at ``position`` leaves the cursor: the next epoch if served."""
-        if next(self._owned(*position)) >= len(self):
+        if next(self._owned(*position)) >= self.steps_per_epoch:
             e = _next_epoch(position.epoch)
             return Position(e, next(self._owned(e, 0)))
         return position
@@ -445,7 +536,7 @@ class BatchNativeLoader:
             stage.close()
 
     def _pass(self, serial: int, epoch: int, start: int) -> Iterator[Item]:
-        n = len(self)
+        n = self.steps_per_epoch
         owned = self._owned(epoch, start)
         step = next(owned)
         views = self._all_views() if step < n and not self._chunked else None
@@ -538,16 +629,19 @@ class BatchNativeLoader:
         c0, c1 = self._chunk_columns
         first, k = run[0][0], len(run)
         gap = run[1][0] - first if k > 1 else 1
-        chunk = self._pool().take()[:k]
         regions: list[U32Batch] | None = None
+        # The chunk buffer is taken once its slots have been read (a dataset's shards opened
+        # and checked): its size comes from the manifest's shape until then.
         if isinstance(source, BatchFileReader):  # one strided view of the mapping, one copy
             block = source.read_batches(first, first + gap * (k - 1) + 1)[::gap, rows]
+            chunk = self._pool().take()[:k]
             np.copyto(chunk, block[:, :, c0:c1], casting="safe")
             narrow = self.next_token and self._labels_pool is None
             if self.dtype != "int64" or self.bos_id is not None or narrow:
                 regions = list(block[:, :, lo:end])
         else:  # a dataset checks each slot as it reads it: one copy per step
             regions = [source.read_batch(i)[rows, lo:end] for i, _ in run]
+            chunk = self._pool().take()[:k]
             for j, region in enumerate(regions):
                 np.copyto(chunk[j], region[:, c0 - lo :], casting="safe")
         after = [step_after for _, step_after in run]
@@ -607,20 +701,30 @@ class BatchNativeLoader:
     ) -> Iterator[tuple[list[Piece], int]]:
         """For each of this copy's steps from ``step`` on: its stored-batch pieces and the step
         after it. A piece is ``(stored index, first row, end row)`` of this rank's samples."""
-        n, b, g, per = len(self), self.source.batch_size, self.global_batch_size, self.per_step
+        n, b, g, per = (
+            self.steps_per_epoch,
+            self.source.batch_size,
+            self.global_batch_size,
+            self.per_step,
+        )
         first_sample = step * g + self.rows.start
         position = first_sample // b  # stored position of the next index the iterator gives
         indices = self._indices(epoch, position)
         if self._simple:  # one stored batch per step: its index, at position step
-            for index in indices:
-                if position == step:
-                    nxt = next(owned)
-                    yield [(index, self.rows.start, self.rows.stop)], nxt
-                    if nxt >= n:
-                        return
-                    step = nxt
-                position += 1
-            return
+            while True:
+                for index in indices:
+                    if position == step:
+                        nxt = next(owned)
+                        yield [(index, self.rows.start, self.rows.stop)], nxt
+                        if nxt >= n:
+                            return
+                        step = nxt
+                        if step - position > RESTART_GAP:  # far ahead: start the order there
+                            position, indices = step, self._indices(epoch, step)
+                            break
+                    position += 1
+                else:
+                    return
         current = -1
         index = 0
         while step < n:
@@ -629,6 +733,8 @@ class BatchNativeLoader:
             pieces: list[Piece] = []
             while a < end:
                 p = a // b
+                if current >= 0 and p - current > RESTART_GAP:  # far ahead: start there
+                    indices, current = self._indices(epoch, p), -1
                 while current < p:  # positions only increase: walk the iterator to p
                     index = next(indices)
                     current = p if current < 0 else current + 1
@@ -674,6 +780,13 @@ class BatchNativeLoader:
         fetches them ahead of the loop (``RemoteSource.ahead``)."""
         if not isinstance(self.source, RemoteSource):
             return steps
+        # A single rank with steps smaller than a slot reads every row of each slot over
+        # consecutive steps: the source fetches (and checks) the slot once, whole. A worker
+        # serving only some of the steps reads only their rows (as a worker process's reopened
+        # source does): fetching whole slots would multiply its bytes.
+        self.source.whole_rows = (
+            self.slicing.dp_size == 1 and self.slicing.whole_rows and self._stride == 1
+        )
         extra = 1 if self.next_token else 0
 
         def regions(step: tuple[list[Piece], int]) -> list[Region]:
@@ -727,7 +840,7 @@ class BatchNativeLoader:
     def served(self, position: Position) -> int:
         """How many steps a single copy serves from ``position`` to the end of its epoch."""
         epoch, step = position
-        n = len(self)
+        n = self.steps_per_epoch
         if step >= n:
             return 0
         lo, hi = epoch * n + step, epoch * n + n
@@ -782,7 +895,7 @@ class BatchNativeLoader:
             "seq_len": src.seq_len,
             "file_seed": src.seed,
             "global_batch_size": self.global_batch_size,
-            "samples": min(step, len(self)) * self.global_batch_size,
+            "samples": min(step, self.steps_per_epoch) * self.global_batch_size,
             "skip_steps": [list(r) for r in self.skip_steps],
             "source": self.identity(),
         }
@@ -826,7 +939,7 @@ class BatchNativeLoader:
         g = state.get("global_batch_size", mine["batch_size"])
         if not _is_int(e) or not 0 <= e <= U64_MAX:
             raise StateError(f"state epoch {e!r} is not an integer in [0, 2**64 - 1]")
-        if not _is_int(workers) or workers < 1 or not _is_int(worker):
+        if not _is_int(workers) or not 1 <= workers <= U64_MAX or not _is_int(worker):
             raise StateError(f"state num_workers={workers!r}, worker={worker!r} are invalid")
         if not 0 <= worker < workers:
             raise StateError(f"state worker {worker} is outside num_workers {workers}")
@@ -856,18 +969,49 @@ class BatchNativeLoader:
                     f"steps of the new global batch size {self.global_batch_size}: resume "
                     f"with global_batch_size {g}, or at a step where the sizes line up"
                 )
-            step = samples // self.global_batch_size if step < steps else len(self)
+            step = samples // self.global_batch_size if step < steps else self.steps_per_epoch
         return e, step, workers, worker, origin, skips
 
     def _owns(
         self, epoch: int, origin: int, workers: int, worker: int, step: int, skips: list[list[int]]
     ) -> bool:
-        """Whether worker ``worker`` of ``workers``, split at ``origin``, serves ``step``."""
-        served = self._served_steps(epoch, origin, normalize_skips([*self.skip_steps, *skips]))
-        for j, s in enumerate(served):
-            if s >= step:
-                return s == step and j % workers == worker
-        return False  # unreachable: served steps never end
+        """Whether worker ``worker`` of ``workers``, split at ``origin``, serves ``step``
+        (counted, not walked: a state's step may be far into a long epoch)."""
+        merged = normalize_skips([*self.skip_steps, *skips])
+        first = self._first_owned(epoch, step, workers, worker, merged, origin)
+        return first == step
+
+
+class _SkipTotals:
+    """How many global steps a tuple of merged skipped ranges skips below a step, in one
+    search: the ranges' first steps and the running total of their lengths (kept for the
+    last tuple asked about, which is nearly always the loader's own)."""
+
+    _last: tuple[tuple[tuple[int, int], ...], _SkipTotals] | None = None
+
+    def __init__(self, ranges: tuple[tuple[int, int], ...]) -> None:
+        self.firsts = [a for a, _ in ranges]
+        self.ranges = ranges
+        self.totals = [0]
+        for a, b in ranges:
+            self.totals.append(self.totals[-1] + b - a)
+
+    @classmethod
+    def of(cls, ranges: tuple[tuple[int, int], ...]) -> _SkipTotals:
+        last = cls._last
+        if last is not None and last[0] is ranges:
+            return last[1]
+        totals = cls(ranges)
+        cls._last = (ranges, totals)
+        return totals
+
+    def __call__(self, step: int) -> int:
+        """Global steps below ``step`` that the ranges skip."""
+        i = bisect.bisect_right(self.firsts, step) - 1
+        if i < 0:
+            return 0
+        a, b = self.ranges[i]
+        return self.totals[i] + min(b, step) - a
 
 
 def _continues(run: list[tuple[int, int]], index: int) -> bool:

@@ -18,11 +18,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from .errors import MissingDependencyError
-from .storage import RetryPolicy, Store, StoreError, redact
+from .redaction import redact, scrub
+from .storage import RetryPolicy, Store, StoreError
 
 
 def _obstore() -> Any:
@@ -34,6 +36,26 @@ def _obstore() -> Any:
             "obstore", "remote", "reading s3://, gs://, az:// and http(s):// URLs"
         ) from None
     return obstore
+
+
+_INVALID_PATH = re.compile(r'Path "(.+?)"(?:: | contained)')
+
+
+def _past_invalid(message: str, root: str | None) -> tuple[str, str | None]:
+    """The key an ``InvalidPathError`` names (relative to the store's ``root``), and the
+    smallest listing offset past every key that shares its first ``.``, ``..`` or empty
+    segment (``None`` if there is none: the segment ends the key, or the message is not
+    understood). Keys sort bytewise and ``0`` follows ``/``, so ``a/../x`` gives ``a/..0``."""
+    found = _INVALID_PATH.search(message)
+    base = f"{root.strip('/')}/" if root else ""
+    if found is None or not found.group(1).startswith(base):
+        return message[:200], None
+    key = found.group(1)[len(base) :]
+    parts = key.split("/")
+    for i, part in enumerate(parts[:-1]):
+        if part in ("", ".", ".."):
+            return key, "/".join([*parts[:i], part + "0"])
+    return key, None
 
 
 class ObstoreStore(Store):
@@ -52,6 +74,8 @@ class ObstoreStore(Store):
         options: dict[str, str] | None = None,
     ) -> None:
         super().__init__(url, retry)
+        self.unlisted: set[str] = set()
+        """Keys a listing left out: names the client cannot hold (see ``_list``)."""
         obs = _obstore()
         self._obs = obs
         self._exceptions = __import__("obstore.exceptions", fromlist=["AlreadyExistsError"])
@@ -68,7 +92,9 @@ class ObstoreStore(Store):
                 retry_config={"max_retries": 0},
             )
         except Exception as e:
-            raise StoreError(errno.EINVAL, f"cannot open the store: {e}", redact(url)) from None
+            # Not chained: the client's error holds the URL as given, user information included.
+            first = (scrub(str(e)).strip().splitlines() or [type(e).__name__])[0]
+            raise StoreError(errno.EINVAL, f"cannot open the store: {first}", redact(url)) from None
 
     def _read(self, key: str) -> bytes:
         return bytes(self._obs.get(self._store, key).bytes())
@@ -112,9 +138,29 @@ class ObstoreStore(Store):
             self._obs.delete(self._store, key)
 
     def _list(self, prefix: str) -> list[str]:
+        # An object whose name has a ".", ".." or empty segment (no ZeroBatch writer makes
+        # one) fails the client's whole listing: list again key by key up to it, then from
+        # just past every key that shares the bad segment (``_past_invalid``). Those keys are
+        # left out, and named in ``unlisted``.
         keys: list[str] = []
-        for chunk in self._obs.list(self._store, prefix=prefix or None):
-            keys.extend(str(meta["path"]) for meta in chunk)
+        offset: str | None = None
+        size = 500
+        while True:
+            try:
+                for chunk in self._obs.list(
+                    self._store, prefix=prefix or None, offset=offset, chunk_size=size
+                ):
+                    keys.extend(str(meta["path"]) for meta in chunk)
+                break
+            except self._exceptions.InvalidPathError as e:
+                if size > 1:  # the failing chunk's good keys are lost: again, one at a time
+                    size, offset = 1, keys[-1] if keys else offset
+                    continue
+                bad, skip = _past_invalid(str(e), self._store.prefix)
+                if skip is None or (offset is not None and skip <= offset):
+                    raise
+                self.unlisted.add(bad)
+                size, offset = 500, skip
         return [k for k in keys if k.startswith(prefix)]
 
 

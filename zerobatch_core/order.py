@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 from zerobatch_spec import block_at, epoch_key, num_blocks, permute_array, unpermute
-from zerobatch_spec.dataset import DOMAIN_DATASET_BLOCKS, dataset_blocks, dataset_epoch_key
-from zerobatch_spec.shuffle import DOMAIN_BLOCKS
+from zerobatch_spec.dataset import DOMAIN_DATASET_BLOCKS, dataset_epoch_key
+from zerobatch_spec.shuffle import DOMAIN_BLOCKS, unpermute_array
 
 
 @dataclass(frozen=True)
@@ -79,22 +79,78 @@ def _indices(spans: Iterator[Span]) -> Iterator[int]:
         yield from range(span.start, span.stop)
 
 
+SPAN_CHUNK_FIRST = 512
+SPAN_CHUNK_MAX = 8192
+"""Order slots a ``ShardedBlockOrder`` maps to blocks at once: ``SPAN_CHUNK_FIRST`` first (so
+starting a pass, or resuming one, costs about a millisecond), then ``SPAN_CHUNK_MAX`` at a
+time (each ``permute_array`` call has a fixed cost, which larger chunks spread thinner)."""
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The blocks of a list of shards, as per-shard arrays (``O(shards)`` memory).
+
+    Shard ``i`` has ``n_i`` slots from dataset slot ``slots[i]`` on and ``ceil(n_i / size)``
+    blocks from block id ``blocks[i]`` on; only its last block may be short, by
+    ``size - n_i mod size`` slots: ``short_ids`` lists those short blocks and ``deficits`` how
+    many slots each lacks.
+    """
+
+    size: int
+    counts: npt.NDArray[np.int64]
+    slots: npt.NDArray[np.int64]
+    blocks: npt.NDArray[np.int64]
+    short_ids: npt.NDArray[np.uint64]
+    deficits: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, shard_batches: tuple[int, ...], block_size: int) -> _Layout:
+        counts = np.asarray(shard_batches, dtype=np.int64).reshape(-1)
+        # As in ``dataset_blocks``: a block never outgrows its shard, so a block size beyond
+        # the largest shard acts like it (and stays an int64).
+        size = min(block_size, max(1, int(counts.max(initial=0))))
+        per_shard = -(-counts // size)
+        blocks = np.concatenate([[0], np.cumsum(per_shard)]).astype(np.int64)
+        slots = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        rest = counts % size
+        short = np.flatnonzero(rest)
+        return cls(
+            size,
+            counts,
+            slots,
+            blocks,
+            (blocks[short + 1] - 1).astype(np.uint64),
+            (size - rest[short]).astype(np.int64),
+        )
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.blocks[-1])
+
+
 @dataclass(frozen=True)
 class ShardedBlockOrder:
     """The dataset order (``SPEC.md`` section 14): blocks that never cross a shard's end.
 
     Shard ``i``'s slots are split into blocks of ``block_size`` (its last block may be short),
     the blocks of all shards are permuted together with ``dataset_epoch_key(seed, epoch)``, and
-    each block is served in slot order, so reads stay sequential within one shard. Finding
-    where a serving position falls takes the epoch's block lengths in serving order: one array
-    of ``ceil(slots / block_size)``-ish entries per epoch, computed once and kept for the last
-    epoch asked for, so per-batch cost does not depend on the number of shards.
+    each block is served in slot order, so reads stay sequential within one shard.
+
+    Nothing proportional to the number of slots or blocks is ever built: a manifest's slot
+    counts are only claims until its shards are opened, so memory and work follow the number
+    of shards (the manifest's own length) and the blocks actually served. Every block is full
+    but the short last block of some shards; the serving position of order slot ``k`` is
+    ``k * block_size`` less the slots missing from the short blocks served before it, found
+    from those blocks' order slots (``unpermute`` of each, computed once per epoch). Blocks
+    are mapped to their slots a chunk of order slots at a time (``permute_array``), so the
+    per-batch cost depends on neither the number of shards nor the number of slots.
     """
 
     shard_batches: tuple[int, ...]
     block_size: int
     seed: int
     shuffle: bool = True
+    _layout: _Layout | None = field(default=None, compare=False, repr=False)
     _cache: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -102,39 +158,79 @@ class ShardedBlockOrder:
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}")
+        object.__setattr__(self, "_layout", _Layout.of(self.shard_batches, self.block_size))
 
     @property
     def num_batches(self) -> int:
         """Slots over all shards."""
-        return sum(self.shard_batches)
+        return int(self._blocks().slots[-1])
 
-    def _served(self, epoch: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """``(first slot, end position)`` of each block in serving order for ``epoch``."""
-        key = epoch if self.shuffle else -1
-        cached = self._cache.get(key)
+    def _blocks(self) -> _Layout:
+        assert self._layout is not None  # set by __post_init__
+        return self._layout
+
+    def _key(self, epoch: int) -> int:
+        return dataset_epoch_key(self.seed, epoch)
+
+    def _short(self, epoch: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """``(order slots, cumulative deficits)`` of the epoch's short blocks, by order slot:
+        ``deficits[j]`` slots are missing from the short blocks served before ``slots[j]``
+        (one entry per shard at most, kept for the last epoch asked for)."""
+        tag = epoch if self.shuffle else -1
+        cached = self._cache.get(tag)
         if cached is not None:
             return cached
-        first, length = dataset_blocks(self.shard_batches, self.block_size)
-        if self.shuffle and first.size:
-            k = dataset_epoch_key(self.seed, epoch)
-            order = permute_array(np.arange(first.size), first.size, k, DOMAIN_DATASET_BLOCKS)
-            first, length = first[order.astype(np.int64)], length[order.astype(np.int64)]
-        result = (first, np.cumsum(length))
+        layout = self._blocks()
+        ids = layout.short_ids
+        if self.shuffle and ids.size:
+            slots = unpermute_array(ids, layout.num_blocks, self._key(epoch), DOMAIN_DATASET_BLOCKS)
+        else:
+            slots = ids
+        by_slot = np.argsort(slots, kind="stable")
+        result = (
+            slots[by_slot].astype(np.int64),
+            np.concatenate([[0], np.cumsum(layout.deficits[by_slot])]).astype(np.int64),
+        )
         self._cache.clear()  # one epoch at a time: bounded memory
-        self._cache[key] = result
+        self._cache[tag] = result
         return result
+
+    def _position(self, slot: int, short: tuple[npt.NDArray[np.int64], ...]) -> int:
+        """Serving position of the first slot of order slot ``slot``."""
+        slots, deficits = short
+        return slot * self._blocks().size - int(deficits[int(np.searchsorted(slots, slot))])
 
     def spans(self, epoch: int, start: int = 0) -> Iterator[Span]:
         """The epoch's blocks in serving order from serving position ``start`` on."""
-        if start >= self.num_batches:
+        layout = self._blocks()
+        if start >= int(layout.slots[-1]):
             return
-        first, ends = self._served(epoch)
-        slot = int(np.searchsorted(ends, start, side="right"))
-        begin = int(ends[slot - 1]) if slot else 0
-        for k in range(slot, first.size):
-            f, end = int(first[k]), int(ends[k])
-            yield Span(f + max(0, start - begin), f + end - begin)
-            begin = end
+        short = self._short(epoch)
+        lo, hi = 0, layout.num_blocks - 1  # the last order slot whose position <= start
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._position(mid, short) <= start:
+                lo = mid
+            else:
+                hi = mid - 1
+        begin = self._position(lo, short)
+        key = self._key(epoch) if self.shuffle else 0
+        chunk, k0 = SPAN_CHUNK_FIRST, lo
+        while k0 < layout.num_blocks:  # order slots mapped to blocks a chunk at a time
+            k1 = min(k0 + chunk, layout.num_blocks)
+            chunk = SPAN_CHUNK_MAX
+            ids = np.arange(k0, k1, dtype=np.uint64)
+            if self.shuffle:
+                ids = permute_array(ids, layout.num_blocks, key, DOMAIN_DATASET_BLOCKS)
+            blocks = ids.astype(np.int64)
+            shard = np.searchsorted(layout.blocks, blocks, side="right") - 1
+            within = (blocks - layout.blocks[shard]) * layout.size
+            first = layout.slots[shard] + within
+            length = np.minimum(layout.size, layout.counts[shard] - within)
+            for f, n in zip(first.tolist(), length.tolist(), strict=True):
+                yield Span(f + max(0, start - begin), f + n)
+                begin += n
+            k0 = k1
 
     def indices(self, epoch: int, start: int = 0) -> Iterator[int]:
         """Slot indices of ``epoch`` in serving order from position ``start`` on."""

@@ -36,8 +36,17 @@ from zerobatch_spec.dataset import Source
 
 from .arguments import int_arg
 from .dataset import DatasetReader, open_source
+from .errors import ZeroBatchError
 from .loader import DEFAULT_BLOCK_SIZE, BatchNativeLoader
 from .reader import BatchFileReader
+
+DEFAULT_MAX_ROWS = 1 << 16
+"""Rows a trace accounts for at most by default: each costs one permutation evaluation and one
+line of output, and a manifest's ``batch_size`` (up to ``2**32 - 1``) is only a claim."""
+
+
+class TraceError(ZeroBatchError, ValueError):
+    """A trace that would account for more rows than asked for (``max_rows``)."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +239,7 @@ def trace_step(
     context_size: int = 1,
     zigzag: bool = False,
     next_token: bool = False,
+    max_rows: int = DEFAULT_MAX_ROWS,
 ) -> StepTrace:
     """What ``BatchNativeLoader(source, ...)`` with these parameters serves at ``(epoch, step)``.
 
@@ -237,7 +247,9 @@ def trace_step(
     epoch, as the loader's cursor does (``skip_steps`` skip steps without renumbering the
     others, so a skipped step's trace is what it would have read). Arguments the loader
     refuses (a world size that does not divide the global batch, ...) raise the loader's
-    ``ValueError``, and a step outside the epoch an ``IndexError``.
+    ``ValueError``, and a step outside the epoch an ``IndexError``. A step whose share for
+    this rank holds more than ``max_rows`` rows raises ``TraceError`` before any row is traced
+    (the work and the output grow with the rows).
 
     >>> trace = trace_step("data/", step=3, rank=1, world_size=2)  # doctest: +SKIP
     >>> [(p.shard, p.slot, p.rows) for p in trace.pieces]  # doctest: +SKIP
@@ -263,8 +275,16 @@ def trace_step(
             zigzag=zigzag,
             global_batch_size=global_batch_size,
         )
-        steps = len(loader)
+        steps = loader.steps_per_epoch
         step = int_arg("step", step, 0)
+        max_rows = int_arg("max_rows", max_rows, 1)
+        if loader.per_step > max_rows:
+            raise TraceError(
+                f"{reader.path}: a step gives rank {loader.slicing.dp_rank} "
+                f"{loader.per_step} rows (global batch size {loader.global_batch_size} over "
+                f"world size {loader.slicing.dp_size}), more than the {max_rows} a trace "
+                f"accounts for: trace one rank of a larger world size"
+            )
         if step >= steps:
             raise IndexError(
                 f"{reader.path}: step must be in [0, {steps}), the epoch's steps at global "
@@ -307,4 +327,4 @@ def trace_step(
             reader.close()
 
 
-__all__ = ["RowOrigin", "StepTrace", "TracePiece", "trace_step"]
+__all__ = ["RowOrigin", "StepTrace", "TraceError", "TracePiece", "trace_step"]

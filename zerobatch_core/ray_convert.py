@@ -59,11 +59,13 @@ Failures and retries
     transient kind), up to ``max_retries`` times; bad input data (``IngestError``) fails the job
     at once. Files appear only complete (``writer.py``): a task killed while writing a segment
     or a shard leaves nothing under the final name, and its retry writes it again. The output
-    directory is checked before the job starts (``check_dataset_output``); replacing a dataset
-    (``overwrite``) removes its manifest before the first new shard is written, so no manifest
-    ever names a shard of another dataset. Inputs and the output directory must be on a file
-    system every node of the cluster sees (a shared mount); object-store URLs are not
-    accepted.
+    directory is checked before the job starts (``check_dataset_output``). Replacing a dataset
+    (``overwrite``) is atomic, as in ``write_sharded_dataset``: the shards, checksums and
+    manifest are written into a staging directory beside the old dataset, which is swapped
+    with it in one step once committed, so the path holds the old dataset or the new one at
+    every instant and a failed or killed job leaves the old one as it was. Inputs and the
+    output directory must be on a file system every node of the cluster sees (a shared
+    mount); object-store URLs are not accepted.
 """
 
 from __future__ import annotations
@@ -99,7 +101,9 @@ from .dataset_build import (
     commit_manifest,
     describe_shard,
     shard_file_names,
+    sharded_writer_drops,
 )
+from .dataset_replace import StagedReplacement, remove_stale_staging
 from .errors import IngestError, WriteError, ZeroBatchError
 from .ingest.convert import ConvertSummary, conversion_drops, detect_kind, plural
 from .ingest.packing import Mode, PackingStats, pad_records
@@ -413,6 +417,9 @@ class LLMBatchDatasink(Datasink[str]):
             self.work_dir = os.path.join(head, f".{name}{WORK_DIR_NAME}")
         else:
             self.work_dir = os.path.join(self.path, WORK_DIR_NAME)
+        self.out_dir = self.path if self.shard_batches is not None else os.path.dirname(self.path)
+        """Where the outputs are written: the dataset directory, or its staging directory while
+        it replaces a dataset (``_commit``)."""
         self.result: SinkResult | None = None
 
     # -- the Ray Data protocol -------------------------------------------------------------------
@@ -581,10 +588,32 @@ class LLMBatchDatasink(Datasink[str]):
                 "allow_empty=True (--allow-empty on the command line) to write it anyway"
             )
         self.check_target()
+        stage: StagedReplacement | None = None
         if self.shard_batches is not None:
             os.makedirs(self.path, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):  # the replaced dataset's, if any
-                os.unlink(os.path.join(self.path, MANIFEST_NAME))
+            remove_stale_staging(self.path)
+            if self.overwrite and os.path.lexists(os.path.join(self.path, MANIFEST_NAME)):
+                stage = StagedReplacement(self.path, sharded_writer_drops(self.path))
+                self.out_dir = stage.path
+        try:
+            return self._commit_outputs(units, records, total, stage)
+        except BaseException:
+            if stage is not None:  # the uncommitted outputs go with the staging directory
+                stage.discard()
+                self._planned: list[str] = []  # (the old dataset's files are not theirs)
+            raise
+        finally:
+            if stage is not None:
+                self.out_dir = self.path
+
+    def _commit_outputs(
+        self,
+        units: npt.NDArray[np.int64],
+        records: int,
+        total: int,
+        stage: StagedReplacement | None,
+    ) -> SinkResult:
+        """Write the outputs into ``self.out_dir``, then commit them (and swap in ``stage``)."""
         plans = self._plans(units, records)
         self._planned = [p["name"] for p in plans]
         written = self._write_outputs(plans)
@@ -597,20 +626,23 @@ class LLMBatchDatasink(Datasink[str]):
         shards = [_shard_from_json(w["shard"]) for w in written]
         checksums = [np.frombuffer(w["checksums"], dtype="<u8") for w in written]
         manifest = commit_manifest(
-            self.path,
+            self.out_dir,
             shards,
             checksums,
             self.batch_size,
             self.seq_len,
             self.seed,
             self._sources(units, records),
-            self.overwrite,
+            self.overwrite and stage is None,
         )
+        if stage is not None:
+            stage.commit()  # the new dataset replaces the old one in one step
         self._planned = []  # committed: the shards are the dataset's now
-        kept = {s.name for s in shards}
-        for name in shard_file_names(self.path):
-            if name not in kept:  # the replaced dataset's shards
-                os.unlink(os.path.join(self.path, name))
+        if stage is None:
+            kept = {s.name for s in shards}
+            for name in shard_file_names(self.path):
+                if name not in kept:  # shards an unfinished write left (there was no manifest)
+                    os.unlink(os.path.join(self.path, name))
         size = sum(s.size for s in shards)
         size += sum(
             os.path.getsize(os.path.join(self.path, n)) for n in (MANIFEST_NAME, CHECKSUMS_NAME)
@@ -660,8 +692,7 @@ class LLMBatchDatasink(Datasink[str]):
         Runs in a Ray task; returns plain data: the shard's manifest entry (JSON) and its
         slot checksums (bytes), or the file's batch count.
         """
-        directory = self.path if self.shard_batches is not None else os.path.dirname(self.path)
-        target = os.path.join(directory, plan["name"])
+        target = os.path.join(self.out_dir, plan["name"])
         count, first = int(plan["records"]), int(plan["first"])
         batches = write_batch_dataset(
             target,
@@ -718,10 +749,9 @@ class LLMBatchDatasink(Datasink[str]):
 
     def _discard(self) -> None:
         """Remove the outputs this job wrote but did not commit."""
-        directory = self.path if self.shard_batches is not None else os.path.dirname(self.path)
         for name in getattr(self, "_planned", []):
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(directory, name))
+                os.unlink(os.path.join(self.out_dir, name))
         self._planned = []
 
 

@@ -17,8 +17,13 @@ only by a reader that fetches the whole slot:
 
 * ``"whole"`` (the default for remote data): every fetch that covers a whole slot is checked
   before it is served (one rank, no context parallelism, whole stored batches per step). A
-  fetch of part of a slot cannot be checked and is served as fetched: TLS and the stores' own
-  transfer checksums protect it in transit.
+  single rank whose steps are smaller than a slot (``global_batch_size`` below the stored
+  batch size, no context parallelism) reads every row of each slot over consecutive steps:
+  its loader sets ``whole_rows``, and the slot is fetched whole once, checked, and its rows
+  served from it, step by step, without fetching anything twice. A fetch of part of a slot
+  by a rank that shares the slot with others (data or context parallelism, or a worker
+  process serving only some of a rank's steps) cannot be checked and is served as fetched:
+  TLS and the stores' own transfer checksums protect it in transit.
 * ``"first"``: the first read of each slot by this reader fetches the *whole slot* and checks
   it, even if only part of it is needed (a ``D x C`` rank then fetches ``D x C`` times its
   share once per slot); later reads of the slot fetch only the region.
@@ -29,7 +34,10 @@ A slot that fails its check raises ``DatasetError`` (``checksum_mismatch``) and 
 served. Single files carry no checksums, so for them only the header rules apply.
 
 An optional local cache (``cache_dir``, ``cache_bytes``: ``range_cache.RangeCache``) keeps
-fetched ranges of batch objects, which never change once written, on local disk.
+fetched ranges of batch objects, which never change once written, on local disk, named by the
+object's URL and the source's ``content_tag`` (the manifest's digest, a file's header digest
+and size): one cache directory can serve datasets at the same URL on several endpoints, or a
+dataset rewritten in place, without serving one's bytes for another's.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -72,6 +80,7 @@ from .dataset import DatasetError
 from .errors import FormatError
 from .order import BlockOrder, Order, sharded_order
 from .range_cache import RangeCache
+from .redaction import redact
 from .storage import Store, open_store, split_url
 
 RemoteVerify = Literal["off", "whole", "first", "always"]
@@ -142,16 +151,29 @@ class RemoteSource(Closing):
         self._checked: set[int] = set()
         self._object_locks: dict[int, threading.Lock] = {}
         self._checksums: npt.NDArray[np.uint64] | None = None
+        self._checksums_lock = threading.Lock()
+        self._slots: OrderedDict[int, Future[U32Array]] = OrderedDict()
+        self.whole_rows = False
+        """Whether the reader reads every row of each slot it touches, in order (one rank, no
+        context parallelism: set by the loader). Under ``"whole"``, a fetch of whole rows then
+        fetches, checks and keeps the whole slot, and serves the rows from it."""
         self.cache = RangeCache(cache_dir, cache_bytes) if cache_dir else None
         self.manifest: Manifest | None = None
         self.header: Header | None = None
+        self.content_tag = ""
+        """What the cache names entries by besides the object's URL: the manifest's digest of
+        a dataset, the header's and the size of a file, a live dataset's id. The same URL on
+        another endpoint, or a dataset rewritten in place, has another tag, so a shared cache
+        directory never serves one's bytes for the other's."""
         self._closed = False
         try:
             if isinstance(source, tuple):
                 self.store, key = source
                 self.path = self.store.where(key) if key else self.store.url
             else:
-                self.path = source
+                self._url = source  # as given, credentials included: only for reopening
+                # Shown in messages: a URL without user information, a path as given.
+                self.path = redact(source) if "://" in source else source
                 self.store, key = self._locate(source, store_options)
             self._objects: list[BatchObject] = []
             self._firsts: list[int] = [0]
@@ -181,6 +203,7 @@ class RemoteSource(Closing):
         if isinstance(checked, Violation):
             raise FormatError(self.path, checked)
         self.header = checked
+        self.content_tag = f"file {header_xxh3(prefix[:HEADER_SIZE])} {size}"
         self._shape = (checked.batch_size, checked.seq_len, checked.seed)
         self._add(BatchObject(key, 0, checked.num_batches, size))
         self._checked.add(0)
@@ -192,6 +215,7 @@ class RemoteSource(Closing):
             raise DatasetError(self.store.where(MANIFEST_NAME), parsed)
         self.manifest = parsed
         self.manifest_sha256 = hashlib.sha256(data).hexdigest()
+        self.content_tag = f"dataset {self.manifest_sha256}"
         self._shape = (parsed.batch_size, parsed.seq_len, parsed.seed)
         first = 0
         for s in parsed.shards:
@@ -356,6 +380,9 @@ class RemoteSource(Closing):
             or (mode == "whole" and whole)
         )
         start = HEADER_SIZE + local * self.slot_bytes
+        rows = lo == 0 and hi == t and not whole
+        if rows and mode == "whole" and self.whole_rows and self._has_checksums():
+            return self._slot_rows(index, entry, local)[r0:r1]
         if check or whole:
             slot = self._get(entry.key, [(start, start + self.slot_bytes)])[0]
             if check:
@@ -376,11 +403,41 @@ class RemoteSource(Closing):
         flat = np.frombuffer(data, dtype=TOKEN_DTYPE)
         return flat.reshape(r1 - r0, hi - lo)
 
+    def _slot_rows(self, index: int, entry: BatchObject, local: int) -> U32Array:
+        """Slot ``index`` fetched whole and checked once for the steps that read its rows one
+        after the other; the slots of the steps fetched ahead are kept (least recently used
+        out past ``prefetch_bytes`` of them). A slot that fails its check is not kept: every
+        later read fetches it again and raises again."""
+        with self._lock:
+            future = self._slots.get(index)
+            owner = future is None
+            if future is None:
+                future = self._slots[index] = Future()
+                limit = 2 + self.prefetch_bytes // self.slot_bytes
+                while len(self._slots) > limit:
+                    self._slots.popitem(last=False)
+            else:
+                self._slots.move_to_end(index)
+        if owner:
+            b, t = self.batch_size, self.seq_len
+            start = HEADER_SIZE + local * self.slot_bytes
+            try:
+                slot = self._get(entry.key, [(start, start + self.slot_bytes)])[0]
+                self._check_slot(index, entry, local, slot)
+            except BaseException as error:
+                with self._lock:
+                    if self._slots.get(index) is future:
+                        del self._slots[index]
+                future.set_exception(error)
+                raise
+            future.set_result(np.frombuffer(slot, dtype=TOKEN_DTYPE, count=b * t).reshape(b, t))
+        return future.result()
+
     def _get(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """Ranges of an object, through the cache when there is one."""
         if self.cache is None:
             return self.store.read_ranges(key, ranges, self.coalesce)
-        name = self.store.where(key)
+        name = f"{self.store.where(key)} {self.content_tag}"
         found = [self.cache.get(name, r) for r in ranges]
         missing = [r for r, part in zip(ranges, found, strict=True) if part is None]
         parts = self.store.read_ranges(key, missing, self.coalesce)
@@ -467,22 +524,28 @@ class RemoteSource(Closing):
     def slot_checksum(self, index: int) -> int:
         """Slot ``index``'s expected XXH3-64 (``checksums.xxh3``, checked on first use)."""
         if self._checksums is None:
-            data = self.store.read(CHECKSUMS_NAME)
-            expected = self.num_batches * CHECKSUM_BYTES
-            assert self.manifest is not None
-            digest = bytes_xxh3(data)
-            if len(data) != expected or digest != self.manifest.checksums_xxh3:
-                raise DatasetError(
-                    self.store.where(CHECKSUMS_NAME),
-                    DatasetViolation(
-                        DatasetCode.CHECKSUMS_MISMATCH,
-                        CHECKSUMS_NAME,
-                        f"{len(data)} bytes with xxh3 {digest}; the manifest says {expected} "
-                        f"bytes with xxh3 {self.manifest.checksums_xxh3}",
-                    ),
-                )
-            self._checksums = np.frombuffer(data, dtype="<u8")
+            with self._checksums_lock:  # concurrent fetches read the file once
+                if self._checksums is None:
+                    self._checksums = self._read_checksums()
         return int(self._checksums[index])
+
+    def _read_checksums(self) -> npt.NDArray[np.uint64]:
+        """``checksums.xxh3``, checked against the manifest's length and digest."""
+        data = self.store.read(CHECKSUMS_NAME)
+        expected = self.num_batches * CHECKSUM_BYTES
+        assert self.manifest is not None
+        digest = bytes_xxh3(data)
+        if len(data) != expected or digest != self.manifest.checksums_xxh3:
+            raise DatasetError(
+                self.store.where(CHECKSUMS_NAME),
+                DatasetViolation(
+                    DatasetCode.CHECKSUMS_MISMATCH,
+                    CHECKSUMS_NAME,
+                    f"{len(data)} bytes with xxh3 {digest}; the manifest says {expected} "
+                    f"bytes with xxh3 {self.manifest.checksums_xxh3}",
+                ),
+            )
+        return np.frombuffer(data, dtype="<u8")
 
     def _check_slot(self, index: int, entry: BatchObject, local: int, slot: bytes) -> None:
         got = xxhash.xxh3_64_intdigest(slot)
@@ -508,6 +571,7 @@ class RemoteSource(Closing):
         self._closed = True
         with self._lock:
             pending, self._pending = self._pending, {}
+            self._slots.clear()
         for future in pending.values():
             future.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -515,7 +579,7 @@ class RemoteSource(Closing):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Worker processes reopen the URL rather than inheriting threads and connections.
-        return (_reopen, (self.path, self.verify, self.prefetch_bytes))
+        return (_reopen, (getattr(self, "_url", self.path), self.verify, self.prefetch_bytes))
 
     def __repr__(self) -> str:
         kind = "dataset" if self.is_dataset else "file"

@@ -2,29 +2,45 @@
 
 A consumer that saves a checkpoint records a *watermark* beside the data: the first global
 batch a restore from that checkpoint reads (``watermark(state)``), as the object
-``watermarks/<consumer>/<batch>.json`` (``record_watermark``). The watermarks present are the
-*live checkpoints*: a consumer deletes the watermark of a checkpoint it deletes
-(``record_watermark(..., keep=k)`` keeps its newest ``k``, as checkpoint rotation does).
+``watermarks/<consumer>/<batch>.json`` holding the dataset's id and that batch
+(``record_watermark``). The watermarks present are the *live checkpoints*: a consumer deletes
+the watermark of a checkpoint it deletes (``record_watermark(..., keep=k)`` keeps its newest
+``k``, as checkpoint rotation does). ``record_watermark`` refuses a state saved for another
+dataset, a state whose ``samples`` disagrees with its ``step``, and a watermark beyond the
+committed end, and writes the new watermark before it rotates old ones out.
 
 ``reclaim`` deletes what no live checkpoint can roll back to (``SPEC.md`` section 19), below
-``W``, the smallest watermark:
+``W``, the smallest trusted watermark, and only from a verified chain of versions:
 
+0. It reads every manifest version present and checks that each follows from its predecessor
+   (``successor_violation``, section 18.4), the oldest present being the anchor. A version
+   that does not, or a newest version that no longer lists batches from ``W`` on, stops it:
+   ``ChainError`` names the version and the rule, and nothing is committed or deleted (in
+   ``dry_run`` too). A crafted or mistaken version can block retention, never steer it.
+   Watermarks naming another dataset or lying beyond the committed end are ignored and
+   reported; ones without a readable id (written by an older version, or damaged) still
+   protect their batch, and are reported.
 1. It commits a manifest version that no longer lists the sealed segments ending at or before
    ``W`` (the same conditional create as producers; a conflict rebases and retries). Until that
    version exists nothing is deleted.
 2. It then deletes the segment objects and batch objects that the newest version does not list
    and that lie before its first listed batch, the batch objects of producer offsets already
    committed that no version lists (written by a producer that died before committing them),
-   and manifest versions older than the newest ``keep_versions``.
+   manifest versions older than the newest ``keep_versions``, and, in a directory, temporary
+   files that writers killed mid-write left (older than ``STALE_TEMPORARY_SECONDS``). Keys that
+   are not the layout's names are reported and never touched.
 
-With no watermark at all, no batch data is reclaimed. Deletes are idempotent and each step
+With no trusted watermark, no batch data is reclaimed. Deletes are idempotent and each step
 only removes what the newest version no longer reaches, so ``reclaim`` can be interrupted at
 any point and run again, by anyone, at any time.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import secrets
+import stat
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,31 +50,103 @@ from zerobatch_spec.live import (
     DESCRIPTOR_NAME,
     SEGMENTS_PREFIX,
     WATERMARKS_PREFIX,
+    Descriptor,
     LiveManifest,
     LiveViolation,
+    Segment,
+    SegmentRef,
     build_live_manifest,
+    build_watermark,
     check_producer_id,
     manifest_name,
     parse_batch_name,
     parse_descriptor,
+    parse_segment_name,
+    parse_watermark,
     parse_watermark_name,
+    successor_violation,
     trim,
     watermark_name,
 )
 
+from .live_manifests import ChainError as ChainError  # raised here, and re-exported
 from .live_manifests import LiveError, ManifestChain
-from .storage import Store, open_store
+from .storage import LocalStore, Store, open_store
 
 RECLAIM_WRITER = "reclaim"
 """The writer id retention's manifest versions carry."""
+STALE_TEMPORARY_SECONDS = 3600.0
+"""Age after which ``reclaim`` removes a directory store's temporary file: a writer finishes
+one in seconds, so one this old was left by a writer that was killed."""
+REPORTED_KEYS = 20
+"""Ignored keys a report names (it counts them all)."""
+_TEMPORARY = re.compile(r"\A\..+\.[0-9a-f]{12}\.tmp\Z")
+
+
+class WatermarkError(LiveError):
+    """A watermark ``record_watermark`` refuses: a state of another dataset, an inconsistent
+    state, or a batch beyond what is committed."""
+
+
+class LiveNotFoundError(LiveError, FileNotFoundError):
+    """The live dataset's directory does not exist (a path that cannot be read)."""
+
+
+def _descriptor(store: Store) -> Descriptor:
+    try:
+        data = store.read(DESCRIPTOR_NAME)
+    except FileNotFoundError:
+        if isinstance(store, LocalStore) and not os.path.isdir(store.root):
+            raise LiveNotFoundError(f"{store.root}: no such directory") from None
+        raise LiveError(f"{store.where(DESCRIPTOR_NAME)}: not a live dataset") from None
+    descriptor = parse_descriptor(data)
+    if isinstance(descriptor, LiveViolation):
+        raise LiveError(f"{store.where(DESCRIPTOR_NAME)}: {descriptor.code.value}")
+    return descriptor
+
+
+def _state_int(state: dict[str, Any], key: str, low: int) -> int:
+    value = state.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise WatermarkError(
+            f"not a loader state of a live dataset: {key} is {value!r:.60}, expected an "
+            f"integer of at least {low}"
+        )
+    return value
 
 
 def watermark(state: dict[str, Any]) -> int:
     """The first global batch a restore from loader state ``state`` reads."""
-    try:
-        return int(state["samples"]) // int(state["batch_size"])
-    except (KeyError, TypeError, ValueError):
-        raise LiveError(f"not a loader state of a live dataset: {state!r:.200}") from None
+    if not isinstance(state, dict):
+        raise WatermarkError(f"not a loader state of a live dataset: {state!r:.200}")
+    return _state_int(state, "samples", 0) // _state_int(state, "batch_size", 1)
+
+
+def _checked_watermark(store: Store, descriptor: Descriptor, state: dict[str, Any]) -> int:
+    """``watermark(state)`` of a state this dataset's loader saved, consistent in itself."""
+    mark = watermark(state)
+    where = store.where(DESCRIPTOR_NAME)
+    mine = {"live": descriptor.dataset_id}
+    if state.get("source") != mine:
+        raise WatermarkError(
+            f"{where}: the state was saved for another dataset (its source is "
+            f"{state.get('source')!r:.120}, this live dataset is {mine!r}): a watermark is "
+            "recorded only for a checkpoint of this dataset"
+        )
+    if state["batch_size"] != descriptor.batch_size or state.get("seq_len") != descriptor.seq_len:
+        raise WatermarkError(
+            f"{where}: the state's batch_size {state['batch_size']!r} and seq_len "
+            f"{state.get('seq_len')!r:.40} are not this dataset's {descriptor.batch_size} and "
+            f"{descriptor.seq_len}"
+        )
+    step = _state_int(state, "step", 0)
+    size = _state_int(state, "global_batch_size", 1)
+    if state.get("epoch", 0) != 0 or state["samples"] != step * size:
+        raise WatermarkError(
+            f"{where}: an inconsistent state: samples {state['samples']} is not step {step} "
+            f"x global_batch_size {size} in epoch 0 (epoch {state.get('epoch')!r:.40})"
+        )
+    return mark
 
 
 def record_watermark(
@@ -66,17 +154,36 @@ def record_watermark(
 ) -> int:
     """Record the checkpoint ``state`` of ``consumer`` as a watermark; with ``keep``, delete
     the consumer's watermarks beyond its newest ``keep`` (the checkpoints it deleted).
-    Returns the watermark."""
+    Returns the watermark.
+
+    ``WatermarkError`` (and nothing written or deleted) for a state saved for another dataset,
+    one whose ``samples`` is not ``step * global_batch_size``, or one beyond the committed end
+    (the newest version's ``batches``). The new watermark is written before any old one is
+    deleted; rotation counts only this dataset's watermarks at or below the committed end
+    (another dataset's, or a damaged one, is left to ``reclaim``'s report)."""
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
     store = open_store(dataset)
     check_producer_id(consumer)
-    mark = watermark(state)
-    store.write(watermark_name(consumer, mark), f'{{"batch": {mark}}}\n'.encode())
+    descriptor = _descriptor(store)
+    mark = _checked_watermark(store, descriptor, state)
+    committed = ManifestChain(store, descriptor).latest().batches
+    if mark > committed:
+        raise WatermarkError(
+            f"{store.where(watermark_name(consumer, mark))}: watermark {mark} is beyond the "
+            f"committed end {committed}: the state was not saved reading this dataset"
+        )
+    store.write(watermark_name(consumer, mark), build_watermark(descriptor.dataset_id, mark))
     if keep is not None:
-        mine = sorted(
-            m for m in (parse_watermark_name(k) for k in store.list_keys(WATERMARKS_PREFIX))
-            if m is not None and m[0] == consumer
-        )  # fmt: skip
-        for _, batch in mine[: max(0, len(mine) - keep)]:
+        mine = []
+        for key in store.list_keys(f"{WATERMARKS_PREFIX}{consumer}/"):
+            found = parse_watermark_name(key)
+            if found is None or found[0] != consumer or found[1] > committed:
+                continue
+            reason = _untrusted(store, key, found[1], descriptor.dataset_id, committed)
+            if reason is None or reason.startswith(_LEGACY):
+                mine.append(found[1])
+        for batch in sorted(mine)[: max(0, len(mine) - keep)]:
             if batch != mark:
                 store.delete(watermark_name(consumer, batch))
     return mark
@@ -88,13 +195,42 @@ def release_watermark(dataset: str | Store, consumer: str, batch: int) -> None:
 
 
 def watermarks(store: Store) -> dict[str, list[int]]:
-    """Every consumer's recorded watermarks."""
+    """Every consumer's recorded watermarks (by their keys; their content is not read)."""
     out: dict[str, list[int]] = {}
     for key in store.list_keys(WATERMARKS_PREFIX):
         found = parse_watermark_name(key)
         if found is not None:
             out.setdefault(found[0], []).append(found[1])
     return {k: sorted(v) for k, v in out.items()}
+
+
+_LEGACY = "unverified: "
+_IGNORED = "ignored: "
+
+
+def _untrusted(store: Store, key: str, batch: int, dataset_id: str, committed: int) -> str | None:
+    """Why the watermark ``key`` is not trusted as it stands (``None``: it is).
+
+    ``"ignored: ..."``: it does not count (it names another dataset, or lies beyond the
+    committed end: no checkpoint of this dataset can need it). ``"unverified: ..."``: it counts
+    by its key's batch, which protects more, never less (no id: written before watermarks
+    carried one, or content that cannot be read)."""
+    if batch > committed:
+        return f"{_IGNORED}beyond the committed end {committed}"
+    try:
+        found = parse_watermark(store.read(key))
+    except FileNotFoundError:
+        return f"{_IGNORED}deleted while read"
+    if isinstance(found, LiveViolation):
+        return f"{_LEGACY}{found.code.value}: {found.where}: {found.detail}"
+    owner, content = found
+    if owner is not None and owner != dataset_id:
+        return f"{_IGNORED}recorded for another dataset ({owner})"
+    if content != batch:
+        return f"{_LEGACY}its content says batch {content}, its key {batch}"
+    if owner is None:
+        return f"{_LEGACY}no dataset id (written before watermarks carried one)"
+    return None
 
 
 @dataclass
@@ -107,16 +243,124 @@ class ReclaimReport:
     deleted: dict[str, int] = field(default_factory=dict)
     deleted_bytes: int = 0
     dry_run: bool = False
+    committed: int = 0
+    """The newest verified version's ``batches``."""
+    versions_checked: int = 0
+    """Manifest versions read and checked as a chain from the oldest present."""
+    ignored_watermarks: dict[str, str] = field(default_factory=dict)
+    """Watermark keys that did not count, and why (another dataset, beyond the end)."""
+    unverified_watermarks: dict[str, str] = field(default_factory=dict)
+    """Watermark keys that counted by their key's batch without a verified id, and why."""
+    ignored_keys: list[str] = field(default_factory=list)
+    """Keys under the layout's prefixes that are not its names (never deleted)."""
+    ignored_count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "watermark": self.watermark,
             "version": self.version,
             "start": self.start,
+            "committed": self.committed,
             "deleted": dict(self.deleted),
             "deleted_bytes": self.deleted_bytes,
             "dry_run": self.dry_run,
+            "versions_checked": self.versions_checked,
+            "ignored_watermarks": dict(self.ignored_watermarks),
+            "unverified_watermarks": dict(self.unverified_watermarks),
+            "ignored_keys": list(self.ignored_keys),
+            "ignored_key_count": self.ignored_count,
         }
+
+    def warnings(self) -> list[str]:
+        """One line per finding a person should look at."""
+        out = [f"watermark {k} {why}" for k, why in self.ignored_watermarks.items()]
+        out += [f"watermark {k} {why}" for k, why in self.unverified_watermarks.items()]
+        if self.ignored_count:
+            shown = ", ".join(self.ignored_keys)
+            more = self.ignored_count - len(self.ignored_keys)
+            out.append(
+                f"{self.ignored_count} keys that are not live-dataset names were left alone: "
+                f"{shown}{f' and {more} more' if more > 0 else ''}"
+            )
+        return out
+
+
+def verified_chain(chain: ManifestChain) -> list[LiveManifest]:
+    """Every manifest version present, oldest first, each checked to follow from the one
+    before it (``successor_violation``, ``SPEC.md`` section 18.4), then the versions created
+    since the listing. ``ChainError`` names the first version that does not follow (or does
+    not parse). Versions a concurrent ``reclaim`` deletes while they are read (always the
+    oldest first) make it list again."""
+    store = chain.store
+
+    def segment(ref: SegmentRef) -> Segment | None:
+        if not store.exists(ref.name):
+            return None  # reclaimed since: the versions after it no longer list it
+        return chain.segment(ref)
+
+    def check(prev: LiveManifest, nxt: LiveManifest) -> None:
+        try:
+            violation = successor_violation(prev, nxt, segment)
+        except LiveError as e:
+            raise ChainError(f"{e} (retention refuses to delete anything)") from None
+        if violation is not None:
+            raise ChainError(
+                f"{store.where(manifest_name(nxt.version))}: {violation.code.value}: "
+                f"{violation.where}: {violation.detail}: it does not follow from version "
+                f"{prev.version}, so retention refuses to delete anything until the versions "
+                "are checked by hand (SPEC.md section 19)"
+            )
+
+    def read(version: int) -> LiveManifest | None:
+        try:
+            return chain.read(version)
+        except LiveError as e:
+            raise ChainError(f"{e} (retention refuses to delete anything)") from None
+
+    for _ in range(8):
+        versions = chain.versions()
+        if not versions:
+            raise LiveError(f"{store.url}: a live dataset without manifest versions")
+        found: list[LiveManifest] = []
+        for v in versions:
+            m = read(v)
+            if m is None:
+                if found:
+                    break  # deleted since the listing: list again
+                continue
+            if found:
+                check(found[-1], m)
+            found.append(m)
+        else:
+            if not found:
+                continue
+            v = found[-1].version + 1
+            while (m := read(v)) is not None:
+                check(found[-1], m)
+                found.append(m)
+                v += 1
+            return found
+    raise LiveError(f"{store.url}: manifest versions keep disappearing while listed")
+
+
+def _trusted_watermarks(
+    store: Store, dataset_id: str, committed: int, report: ReclaimReport
+) -> list[tuple[int, str]]:
+    """``(batch, key)`` of every watermark that counts; the others go into ``report``."""
+    out = []
+    for key in store.list_keys(WATERMARKS_PREFIX):
+        found = parse_watermark_name(key)
+        if found is None:
+            continue
+        reason = _untrusted(store, key, found[1], dataset_id, committed)
+        if reason is not None and reason.startswith(_IGNORED):
+            if reason != f"{_IGNORED}deleted while read":
+                report.ignored_watermarks[key] = reason
+            continue
+        if reason is not None:
+            report.unverified_watermarks[key] = reason
+        out.append((found[1], key))
+    return sorted(out)
 
 
 def reclaim(
@@ -126,22 +370,27 @@ def reclaim(
     if keep_versions < 1:
         raise ValueError(f"keep_versions must be at least 1, got {keep_versions}")
     store = open_store(dataset)
-    try:
-        data = store.read(DESCRIPTOR_NAME)
-    except FileNotFoundError:
-        raise LiveError(f"{store.where(DESCRIPTOR_NAME)}: not a live dataset") from None
-    descriptor = parse_descriptor(data)
-    if isinstance(descriptor, LiveViolation):
-        raise LiveError(f"{store.where(DESCRIPTOR_NAME)}: {descriptor.code.value}")
+    descriptor = _descriptor(store)
     chain = ManifestChain(store, descriptor)
-    marks = [b for batches in watermarks(store).values() for b in batches]
-    low = min(marks) if marks else None
-    latest = chain.latest()
+    versions = verified_chain(chain)
+    latest = versions[-1]
+    report = ReclaimReport(None, latest.version, latest.start, dry_run=dry_run)
+    report.committed = latest.batches
+    report.versions_checked = len(versions)
+    marks = _trusted_watermarks(store, descriptor.dataset_id, latest.batches, report)
+    low = marks[0][0] if marks else None
+    if low is not None and low < latest.start:
+        raise ChainError(
+            f"{store.where(manifest_name(latest.version))}: the newest version starts at "
+            f"global batch {latest.start}, but the live checkpoint of {marks[0][1]} reads from "
+            f"{low}: retention refuses to delete anything while a checkpoint needs batches no "
+            "version lists (release that watermark if its checkpoint is gone)"
+        )
     if low is not None and not dry_run:
         latest = _commit_trim(store, chain, latest, low, timeout)
     elif low is not None:
         latest = trim(latest, low)
-    report = ReclaimReport(low, latest.version, latest.start, dry_run=dry_run)
+    report.watermark, report.version, report.start = low, latest.version, latest.start
 
     def drop(kind: str, key: str) -> None:
         size = 0
@@ -154,15 +403,26 @@ def reclaim(
         report.deleted[kind] = report.deleted.get(kind, 0) + 1
         report.deleted_bytes += size
 
+    def ignore(key: str) -> None:
+        report.ignored_count += 1
+        if len(report.ignored_keys) < REPORTED_KEYS:
+            report.ignored_keys.append(key)
+
     listed = chain.entries(latest)
     referenced = {e.name for e in listed}
     segments = {r.name for r in latest.segments}
     for key in store.list_keys(SEGMENTS_PREFIX):
-        if key not in segments and _segment_first(key) < latest.start:
+        first = parse_segment_name(key)
+        if first is None:
+            ignore(key)
+        elif key not in segments and first < latest.start:
             drop("segments", key)
     for key in store.list_keys(BATCHES_PREFIX):
         found = parse_batch_name(key)
-        if found is None or key in referenced:
+        if found is None:
+            ignore(key)
+            continue
+        if key in referenced:
             continue
         state = latest.producers.get(found[0])
         if state is not None and found[1] < state.offset:
@@ -170,20 +430,53 @@ def reclaim(
     for version in chain.versions():
         if version <= latest.version - keep_versions:
             drop("manifests", manifest_name(version))
+    for key in sorted(getattr(store, "unlisted", ())):  # names the store's client cannot hold
+        ignore(key)
+    if isinstance(store, LocalStore):
+        for name, size in _stale_temporaries(store.root, time.time() - STALE_TEMPORARY_SECONDS):
+            if not dry_run:
+                try:
+                    os.unlink(name)
+                except FileNotFoundError:
+                    continue
+            report.deleted["temporaries"] = report.deleted.get("temporaries", 0) + 1
+            report.deleted_bytes += size
     return report
 
 
-def _segment_first(key: str) -> int:
-    name = key[len(SEGMENTS_PREFIX) :].removesuffix(".json")
-    return int(name) if name.isdigit() else -1
+def _stale_temporaries(root: str, before: float) -> list[tuple[str, int]]:
+    """``(path, size)`` of each temporary file of a directory store (the names
+    ``LocalStore`` gives them) last modified before ``before``: regular files only, links
+    not followed."""
+    out = []
+    for directory, _, files in os.walk(root):
+        for name in files:
+            if not _TEMPORARY.match(name):
+                continue
+            path = os.path.join(directory, name)
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_mtime < before:
+                out.append((path, info.st_size))
+    return out
 
 
 def _commit_trim(
     store: Store, chain: ManifestChain, latest: LiveManifest, low: int, timeout: float
 ) -> LiveManifest:
-    """The newest version, after committing one that stops listing what lies below ``low``."""
+    """The newest version, after committing one that stops listing what lies below ``low``.
+    Versions that producers commit meanwhile are checked to follow as ``verified_chain``
+    checks them (``ChainError`` otherwise)."""
     deadline = time.monotonic() + timeout
     while True:
+        if latest.start > low:
+            raise ChainError(
+                f"{store.where(manifest_name(latest.version))}: starts at global batch "
+                f"{latest.start}, after the lowest watermark {low}: retention refuses to "
+                "delete anything"
+            )
         trimmed = trim(latest, low)
         if trimmed is latest:
             return latest
@@ -194,8 +487,21 @@ def _commit_trim(
             return candidate
         if time.monotonic() > deadline:
             raise LiveError(f"{store.url}: reclaim could not commit a trimmed version in time")
-        newer = chain.after(latest.version)
-        latest = newer[-1] if newer else chain.latest()
+        newer_versions = chain.after(latest.version, list_on_gap=False)
+        if not newer_versions:  # reclaimed meanwhile by another run: check the chain again
+            latest = verified_chain(chain)[-1]
+            continue
+        prev = latest
+        for newer in newer_versions:
+            violation = successor_violation(prev, newer)
+            if violation is not None:
+                raise ChainError(
+                    f"{store.where(manifest_name(newer.version))}: {violation.code.value}: "
+                    f"{violation.where}: {violation.detail}: it does not follow from version "
+                    f"{prev.version}, so retention refuses to delete anything"
+                )
+            prev = newer
+        latest = prev
 
 
 def storage_bytes(dataset: str | Store) -> int:

@@ -11,8 +11,9 @@ on a file system, ``If-None-Match: *`` on S3-compatible stores), deletes and lis
 ``zerobatch[remote]`` extra); a configured ``fsspec`` filesystem is accepted as it is
 (``object_stores.FsspecStore``). Credentials come from each store's standard environment and
 configuration (for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
-``AWS_REGION``, ``AWS_ENDPOINT_URL``, ...); ZeroBatch never stores, prints or logs them, and
-URLs in messages are shown without any user information.
+``AWS_REGION``, ``AWS_ENDPOINT_URL``, ...); ZeroBatch never stores, prints or logs them: URLs
+in messages are shown without any user information, and every error text, including what the
+store's client says, is scrubbed of user information and of the URL's secrets (``redaction``).
 
 Every operation is retried with exponential backoff and jitter when the store throttles (S3
 ``SlowDown``, HTTP 429/500/502/503/504) or the connection drops (``RetryPolicy``); the store
@@ -25,7 +26,9 @@ import contextlib
 import errno
 import os
 import random
+import re
 import secrets
+import stat
 import threading
 import time
 import urllib.parse
@@ -34,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .errors import ZeroBatchError, ZeroBatchIOError
+from .redaction import redact, remember, scrub
+from .regular_files import open_regular_file, read_regular_file
 
 T = TypeVar("T")
 
@@ -52,23 +57,16 @@ class RetriesExhaustedError(StoreError):
     """A retryable failure (throttling, a dropped connection) that outlasted ``RetryPolicy``."""
 
 
+class ObjectNotFoundError(StoreError, FileNotFoundError):
+    """No object at the key (a ``FileNotFoundError``, so ``except FileNotFoundError`` works),
+    naming the store and key."""
+
+
 def is_url(source: object) -> bool:
     """Whether ``source`` is a string that names a URL scheme ZeroBatch opens (``s3://`` ...)."""
     if not isinstance(source, str) or "://" not in source:
         return False
     return source.split("://", 1)[0].lower() in URL_SCHEMES
-
-
-def redact(url: str) -> str:
-    """``url`` without user information or query (credentials never reach a message)."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def join_url(base: str, key: str) -> str:
@@ -141,6 +139,7 @@ class Store:
     """The store's root, as given (user information removed)."""
 
     def __init__(self, url: str, retry: RetryPolicy | None = None) -> None:
+        remember(url)
         self.url = redact(url) if "://" in url else url
         self.retry = retry or RetryPolicy()
         self.stats = StoreStats()
@@ -251,28 +250,42 @@ class Store:
 
     # -- retries ---------------------------------------------------------------------------
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        """``fn()`` with retries; a failure for good raises ``StoreError`` (``ObjectNotFoundError``
+        for a missing object) naming the store and key.
+
+        The client's exception is not chained to the one raised (``from None``): its text and
+        attributes hold the URL as the client saw it, user information included, and a
+        traceback (``--debug``, an uncaught error in a training script) prints every chained
+        exception. Its type and scrubbed first line are in the message instead.
+        """
         for attempt in range(self.retry.attempts):
             try:
                 return fn()
-            except FileNotFoundError:
-                raise
+            except FileNotFoundError as e:
+                if isinstance(e, ZeroBatchError):
+                    raise
+                # Named by the store and key; the client's text, scrubbed, says the rest.
+                detail = e.strerror if e.filename is not None and e.strerror else _short(e)
+                raise ObjectNotFoundError(
+                    errno.ENOENT, f"no such object ({detail})", self.where(key)
+                ) from None
+            except ZeroBatchError:
+                raise  # ZeroBatch's own verdict (a FIFO refused, ...): never transient
             except Exception as e:
                 reason = self._retry_reason(e)
                 if reason is None:
-                    if isinstance(e, ZeroBatchError):
-                        raise
                     raise StoreError(
                         getattr(e, "errno", None) or errno.EIO,
                         f"{op} failed: {_short(e)}",
                         self.where(key),
-                    ) from e
+                    ) from None
                 if attempt + 1 == self.retry.attempts:
                     raise RetriesExhaustedError(
                         errno.EAGAIN,
                         f"{op} still failing after {self.retry.attempts} attempts "
                         f"({reason}): {_short(e)}",
                         self.where(key),
-                    ) from e
+                    ) from None
                 self.stats.retried(reason)
                 time.sleep(self.retry.delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
@@ -335,19 +348,39 @@ _THROTTLE_MARKERS = (
 )
 
 
+_STATUS = re.compile(r"(?i)(?:status code|status)\s*:?\s*(\d{3})\b")
+"""An HTTP status in a client's error text (``non-2xx status code: 403``, ``status: 404``)."""
+
+_SETTINGS = re.compile(r"(?i)\b(?:retry_timeout|max_retries|retries|elapsed)\s*:\s*[^,\n]*")
+"""Request settings that ``obstore`` errors list in their debug dump (``retry_timeout: 180s``),
+which must not read as a timeout."""
+
+
 def retry_reason(error: BaseException) -> str | None:
     """Whether an error from any store client is transient, and why (``None``: it is not).
 
     Clients report throttling and dropped connections in different types, so the decision
-    looks at the standard exception types first and then at the message, for the status codes
-    and phrases S3, GCS, Azure and HTTP servers use.
+    looks at the standard exception types first, then at the HTTP status (an attribute, or the
+    status the message reports): 429, 500, 502, 503 and 504 are transient, and so is 409 (S3's
+    answer to concurrent conditional writes of one key); 408 is a timeout, and any other status
+    an answer that the same request will get again (403 forbidden, 404 not found, 501 not
+    implemented). Without a status it looks at the message (request settings such as
+    ``retry_timeout`` aside) for the phrases S3, GCS, Azure and HTTP servers use.
     """
     if isinstance(error, (ConnectionError, TimeoutError)):
         return "connection"
-    status = getattr(error, "status", None) or getattr(error, "status_code", None)
-    if isinstance(status, int) and (status == 429 or 500 <= status <= 504):
-        return str(status)
     text = f" {error}".lower()
+    status = getattr(error, "status", None) or getattr(error, "status_code", None)
+    if not isinstance(status, int):
+        found = _STATUS.search(text)
+        status = int(found.group(1)) if found else None
+    if isinstance(status, int) and status >= 400:  # a 2xx body cut off is not an answer
+        if status in (409, 429, 500, 502, 503, 504):  # 409: a conditional write's race
+            return str(status)
+        if status == 408:
+            return "timeout"
+        return None  # the server answered, and will answer the same again
+    text = _SETTINGS.sub("", text)
     for marker, reason in _THROTTLE_MARKERS:
         if marker in text:
             return reason
@@ -355,7 +388,9 @@ def retry_reason(error: BaseException) -> str | None:
 
 
 def _short(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
+    """The first line of ``error``'s text (its type name if it has none), scrubbed of user
+    information and secrets, at most 300 characters."""
+    text = scrub(str(error)).strip().splitlines()
     return (text[0] if text else type(error).__name__)[:300]
 
 
@@ -382,20 +417,26 @@ class LocalStore(Store):
         return self.path(key)
 
     def _read(self, key: str) -> bytes:
-        with open(self.path(key), "rb") as f:
-            return f.read()
+        # Non-blocking open and a file-type check: a FIFO named like a manifest is refused
+        # (``ZeroBatchIOError``), not waited on.
+        return read_regular_file(self.path(key))
 
     def _read_ranges(
         self, key: str, ranges: Sequence[tuple[int, int]], coalesce: int
     ) -> list[bytes]:
-        fd = os.open(self.path(key), os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular_file(self.path(key))
         try:
             return [os.pread(fd, end - start, start) for start, end in ranges]
         finally:
             os.close(fd)
 
     def _size(self, key: str) -> int:
-        return os.stat(self.path(key)).st_size
+        # Only a regular file is an object: a FIFO's or a directory's size says nothing.
+        path = self.path(key)
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(open_regular_file(path))  # raises the error naming what the path is
+        return st.st_size
 
     def _temp(self, target: str, data: bytes) -> str:
         directory = os.path.dirname(target)
@@ -450,17 +491,32 @@ class LocalStore(Store):
             os.unlink(self.path(key))
 
     def _list(self, prefix: str) -> list[str]:
+        # Objects are regular files (a FIFO, socket or device is none, and reading one is
+        # refused): the directory entries' types say which, without opening anything.
         out: list[str] = []
         for directory, dirs, files in os.walk(self.root):
             dirs.sort()
             rel = os.path.relpath(directory, self.root)
             base = "" if rel == "." else rel.replace(os.sep, "/") + "/"
-            out.extend(
-                base + name
+            wanted = {
+                name
                 for name in files
                 if (base + name).startswith(prefix) and not name.endswith(".tmp")
-            )
+            }
+            if not wanted:
+                continue
+            with os.scandir(directory) as entries:
+                out.extend(base + e.name for e in entries if e.name in wanted and _is_regular(e))
         return out
+
+
+def _is_regular(entry: os.DirEntry[str]) -> bool:
+    """Whether a directory entry is a regular file (through a symbolic link too); an entry that
+    vanished or cannot be examined is not."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
 
 
 def open_store(

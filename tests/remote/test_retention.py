@@ -28,6 +28,13 @@ from zerobatch_core.storage import LocalStore, open_store
 SEGMENT = 4
 
 
+def live_state(url: str, step: int) -> dict[str, Any]:
+    """The state a loader of the live dataset at ``url`` saves at ``step`` (its watermark is
+    ``step``: the global batch size is the stored one)."""
+    with LiveSource(url, timeout=5) as source:
+        return BatchNativeLoader(source, dtype="uint32").state_dict((0, step))  # type: ignore[arg-type]
+
+
 def _train(url: str, total: int, k: int, keep: int) -> tuple[list[int], dict[int, Any]]:
     """Produce and consume ``total`` batches, checkpointing every ``k`` steps (keeping the
     newest ``keep``) and reclaiming after each; storage bytes after each reclaim, and the
@@ -96,7 +103,7 @@ def test_reclaim_is_idempotent_and_never_touches_data_without_watermarks(
     report = reclaim(url)
     assert report.watermark is None and "batches" not in report.deleted
     assert report.deleted.get("manifests", 0) > 0  # only old manifest versions go
-    state = {"samples": 7 * B, "batch_size": B}
+    state = live_state(url, 7)
     assert watermark(state) == 7
     record_watermark(url, "c-1", state)
     dry = reclaim(url, dry_run=True)
@@ -117,7 +124,7 @@ def test_an_interrupted_reclaim_leaves_a_readable_dataset(tmp_path: Path) -> Non
     with LiveProducer(url, "p-0", batch_size=B, seq_len=T, cadence=1, segment_size=2) as p:
         for i in range(10):
             p.append(batch(0, i))
-    record_watermark(url, "c-1", {"samples": 6 * B, "batch_size": B})
+    record_watermark(url, "c-1", live_state(url, 6))
 
     class StoppedError(Exception):
         pass
@@ -146,7 +153,7 @@ def test_the_command_line_reclaims(tmp_path: Path, capsys: pytest.CaptureFixture
     with LiveProducer(url, "p-0", batch_size=B, seq_len=T, cadence=1, segment_size=2) as p:
         for i in range(8):
             p.append(batch(0, i))
-    record_watermark(url, "c-1", {"samples": 5 * B, "batch_size": B})
+    record_watermark(url, "c-1", live_state(url, 5))
     assert main(["dataset", "reclaim", url, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["watermark"] == 5 and out["deleted"]["batches"] == 4
