@@ -55,6 +55,7 @@ from . import __version__, cli_remote
 from .dataset import DatasetError, DatasetReader
 from .errors import FormatError, MissingDependencyError, WriteError, ZeroBatchError
 from .loader import DEFAULT_BLOCK_SIZE
+from .provenance import DEFAULT_MAX_ROWS
 from .reader import BatchFileReader
 from .redaction import remember, scrub
 from .validation import DatasetReport, validate_dataset, validate_file
@@ -541,6 +542,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             context_size=args.context_size,
             zigzag=args.zigzag,
             next_token=args.next_token,
+            max_rows=args.max_rows,
         )
     except (ValueError, IndexError) as e:
         if isinstance(e, ZeroBatchError):  # the data's fault: a broken manifest or file
@@ -906,6 +908,14 @@ def _add_trace_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="columns of (inputs, labels) pairs: each range is read one token further "
         "(default: whole tokens)",
+    )
+    p.add_argument(
+        "--max-rows",
+        type=_positive,
+        default=DEFAULT_MAX_ROWS,
+        metavar="N",
+        help="refuse a step of more than N rows for the rank, before tracing any (default: "
+        "%(default)s)",
     )
     p.add_argument(
         "--json", action="store_true", help="print one JSON object (default: text lines)"

@@ -149,6 +149,23 @@ def test_trace_of_a_step_of_four_billion_rows_is_refused_by_name(tmp_path: Path)
     assert out.split() == ["TraceError", "1", "True"]
 
 
+def test_trace_max_rows_is_the_commands_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zerobatch_core.cli import main
+
+    path = tmp_path / "ds"
+    write_sharded_dataset(path, [records(16, 3)], batch_size=4, seq_len=3, shard_batches=2, seed=1)
+    assert main(["trace", str(path), "--step", "1", "--max-rows", "3"]) == 1
+    assert "more than the 3" in capsys.readouterr().err
+    assert main(["trace", str(path), "--step", "1", "--max-rows", "4", "--json"]) == 0
+    pieces = json.loads(capsys.readouterr().out)["pieces"]
+    assert sum(len(p["origins"]) for p in pieces) == 4
+    with pytest.raises(SystemExit) as usage:
+        main(["trace", str(path), "--step", "1", "--max-rows", "0"])
+    assert usage.value.code == 2
+
+
 def test_skip_steps_covering_two_to_the_forty_steps_are_jumped_not_walked(
     tmp_path: Path,
 ) -> None:
