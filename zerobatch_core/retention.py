@@ -37,6 +37,7 @@ any point and run again, by anyone, at any time.
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 import secrets
@@ -45,12 +46,15 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from zerobatch_spec import HEADER_SIZE
+from zerobatch_spec.dataset import header_xxh3
 from zerobatch_spec.live import (
     BATCHES_PREFIX,
     DESCRIPTOR_NAME,
     SEGMENTS_PREFIX,
     WATERMARKS_PREFIX,
     Descriptor,
+    Entry,
     LiveManifest,
     LiveViolation,
     Segment,
@@ -254,6 +258,9 @@ class ReclaimReport:
     ignored_keys: list[str] = field(default_factory=list)
     """Keys under the layout's prefixes that are not its names (never deleted)."""
     ignored_count: int = 0
+    kept_batches: dict[str, str] = field(default_factory=dict)
+    """Unlisted batch objects of committed offsets kept because the object listed for their
+    offset is missing or is not what its entry says, and why."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -269,12 +276,14 @@ class ReclaimReport:
             "unverified_watermarks": dict(self.unverified_watermarks),
             "ignored_keys": list(self.ignored_keys),
             "ignored_key_count": self.ignored_count,
+            "kept_batches": dict(self.kept_batches),
         }
 
     def warnings(self) -> list[str]:
         """One line per finding a person should look at."""
         out = [f"watermark {k} {why}" for k, why in self.ignored_watermarks.items()]
         out += [f"watermark {k} {why}" for k, why in self.unverified_watermarks.items()]
+        out += [f"batch object {k} {why}" for k, why in self.kept_batches.items()]
         if self.ignored_count:
             shown = ", ".join(self.ignored_keys)
             more = self.ignored_count - len(self.ignored_keys)
@@ -417,6 +426,7 @@ def reclaim(
             ignore(key)
         elif key not in segments and first < latest.start:
             drop("segments", key)
+    holder = _ListedHolder(store, listed)
     for key in store.list_keys(BATCHES_PREFIX):
         found = parse_batch_name(key)
         if found is None:
@@ -425,8 +435,13 @@ def reclaim(
         if key in referenced:
             continue
         state = latest.producers.get(found[0])
-        if state is not None and found[1] < state.offset:
+        if state is None or found[1] >= state.offset:
+            continue  # a pending append
+        doubt = holder.doubt(*found)
+        if doubt is None:
             drop("batches", key)
+        else:
+            report.kept_batches[key] = doubt
     for version in chain.versions():
         if version <= latest.version - keep_versions:
             drop("manifests", manifest_name(version))
@@ -442,6 +457,46 @@ def reclaim(
             report.deleted["temporaries"] = report.deleted.get("temporaries", 0) + 1
             report.deleted_bytes += size
     return report
+
+
+class _ListedHolder:
+    """Which listed entry holds a producer's offset, and whether its object is really there.
+
+    A batch object that no version lists but whose offset its producer has committed is the
+    leftover of a producer that died before committing it, and another object holds that
+    offset, or it was trimmed. Before such an object is deleted, the listed object that holds
+    its offset must exist as its entry describes it (size and header digest): a version that
+    names a missing object for a committed offset (a mistaken or crafted entry name) must not
+    turn the only copy of that batch into a "leftover"."""
+
+    def __init__(self, store: Store, listed: list[Entry]) -> None:
+        self.store = store
+        self.by_producer: dict[str, list[Entry]] = {}
+        for e in listed:
+            self.by_producer.setdefault(e.producer, []).append(e)
+        for entries in self.by_producer.values():
+            entries.sort(key=lambda e: e.offset)
+        self.checked: dict[str, str | None] = {}
+
+    def doubt(self, producer: str, offset: int) -> str | None:
+        """Why the leftover of ``producer`` at ``offset`` must be kept (``None``: it need not)."""
+        entries = self.by_producer.get(producer, [])
+        i = bisect.bisect_right([e.offset for e in entries], offset) - 1
+        if i < 0 or offset >= entries[i].offset + entries[i].num_batches:
+            return None  # no listed entry holds it: trimmed, or a dead producer's append
+        entry = entries[i]
+        if entry.name not in self.checked:
+            self.checked[entry.name] = self._check(entry)
+        return self.checked[entry.name]
+
+    def _check(self, entry: Entry) -> str | None:
+        try:
+            head, size = self.store.read_head(entry.name, HEADER_SIZE)
+        except FileNotFoundError:
+            return f"kept: its offset is listed as {entry.name}, which is missing"
+        if size != entry.size or header_xxh3(head) != entry.header_xxh3:
+            return f"kept: its offset is listed as {entry.name}, which does not match its entry"
+        return None
 
 
 def _stale_temporaries(root: str, before: float) -> list[tuple[str, int]]:

@@ -318,3 +318,41 @@ def test_reclaim_racing_a_pending_append_keeps_the_pending_objects(live_url: str
     assert all(store.exists(k) for k in pending)
     producer.close()
     assert readable(live_url, 6, 9)
+
+
+def test_a_committed_object_listed_under_another_name_is_kept(live_url: str) -> None:
+    """The version that first lists a batch names an object that does not exist (one nonce
+    digit changed): a valid successor on its own, so only the missing object can tell. The
+    real object of that committed offset is unlisted, but it is the only copy of the batch:
+    reclaim keeps it and says why (it used to delete it as a dead producer's leftover)."""
+    produce(live_url, 6)
+    store = open_store(live_url)
+    newest = latest(store)
+    real = newest.tail[-1]
+    renamed = real.name[:-7] + ("0" if real.name[-7] != "0" else "1") + real.name[-6:]
+    assert renamed != real.name and not store.exists(renamed)
+    forged = replace(newest, tail=(*newest.tail[:-1], replace(real, name=renamed)))
+    store.write(manifest_name(newest.version), build_live_manifest(forged))
+    for dry_run in (True, False):
+        report = reclaim(live_url, dry_run=dry_run)
+        assert real.name in report.kept_batches
+        assert "missing" in report.kept_batches[real.name]
+        assert report.deleted.get("batches", 0) == 0
+        assert any(real.name in line for line in report.warnings())
+    assert store.exists(real.name)
+
+
+def test_a_dead_producers_leftover_beside_its_committed_twin_is_still_reclaimed(
+    live_url: str,
+) -> None:
+    """The rule above keeps only what a missing or mismatched listed object makes doubtful: a
+    leftover at an offset whose listed object is whole is deleted as before."""
+    produce(live_url, 4)
+    store = open_store(live_url)
+    real = latest(store).tail[-1]
+    leftover = real.name[:-7] + ("0" if real.name[-7] != "0" else "1") + real.name[-6:]
+    store.write(leftover, store.read(real.name))
+    report = reclaim(live_url)
+    assert report.kept_batches == {}
+    assert report.deleted.get("batches") == 1
+    assert not store.exists(leftover) and store.exists(real.name)
