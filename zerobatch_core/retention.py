@@ -17,9 +17,10 @@ committed end, and writes the new watermark before it rotates old ones out.
    that does not, or a newest version that no longer lists batches from ``W`` on, stops it:
    ``ChainError`` names the version and the rule, and nothing is committed or deleted (in
    ``dry_run`` too). A crafted or mistaken version can block retention, never steer it.
-   Watermarks naming another dataset or lying beyond the committed end are ignored and
-   reported; ones without a readable id (written by an older version, or damaged) still
-   protect their batch, and are reported.
+   Watermarks lying beyond the committed end are ignored and reported; ones that name another
+   dataset or have no readable id (written by an older version, damaged, or copied from
+   elsewhere) still protect their batch, and are reported: a damaged id looks like another
+   dataset's, and only a person can tell which it is.
 1. It commits a manifest version that no longer lists the sealed segments ending at or before
    ``W`` (the same conditional create as producers; a conflict rebases and retries). Until that
    version exists nothing is deleted.
@@ -215,10 +216,10 @@ _IGNORED = "ignored: "
 def _untrusted(store: Store, key: str, batch: int, dataset_id: str, committed: int) -> str | None:
     """Why the watermark ``key`` is not trusted as it stands (``None``: it is).
 
-    ``"ignored: ..."``: it does not count (it names another dataset, or lies beyond the
-    committed end: no checkpoint of this dataset can need it). ``"unverified: ..."``: it counts
-    by its key's batch, which protects more, never less (no id: written before watermarks
-    carried one, or content that cannot be read)."""
+    ``"ignored: ..."``: it does not count (it lies beyond the committed end: no checkpoint of
+    this dataset can need it). ``"unverified: ..."``: it counts by its key's batch, which
+    protects more, never less (another dataset's id, which a damaged id also looks like; no
+    id: written before watermarks carried one; or content that cannot be read)."""
     if batch > committed:
         return f"{_IGNORED}beyond the committed end {committed}"
     try:
@@ -229,7 +230,7 @@ def _untrusted(store: Store, key: str, batch: int, dataset_id: str, committed: i
         return f"{_LEGACY}{found.code.value}: {found.where}: {found.detail}"
     owner, content = found
     if owner is not None and owner != dataset_id:
-        return f"{_IGNORED}recorded for another dataset ({owner})"
+        return f"{_LEGACY}recorded for another dataset ({owner}), or its id is damaged"
     if content != batch:
         return f"{_LEGACY}its content says batch {content}, its key {batch}"
     if owner is None:
@@ -252,7 +253,7 @@ class ReclaimReport:
     versions_checked: int = 0
     """Manifest versions read and checked as a chain from the oldest present."""
     ignored_watermarks: dict[str, str] = field(default_factory=dict)
-    """Watermark keys that did not count, and why (another dataset, beyond the end)."""
+    """Watermark keys that did not count, and why (beyond the committed end)."""
     unverified_watermarks: dict[str, str] = field(default_factory=dict)
     """Watermark keys that counted by their key's batch without a verified id, and why."""
     ignored_keys: list[str] = field(default_factory=list)

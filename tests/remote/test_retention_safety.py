@@ -201,13 +201,18 @@ def test_watermarks_beyond_the_end_or_of_another_dataset_are_ignored_and_reporte
     report = reclaim(url)
     assert report.watermark is None and "batches" not in report.deleted
     assert all(store.exists(k) for k in before if k.startswith(("batches/", "segments/")))
-    # Another dataset's watermark below the real one does not hold data back, and is named.
+    # Another dataset's id below the real one (copied in, or this dataset's id damaged: no
+    # reader can tell) still protects its batch, and is named.
     record_watermark(url, "trainer", state_at(url, 7))
     foreign = watermark_name("other", 1)
     store.write(foreign, json.dumps({"id": "f" * 32, "batch": 1}).encode())
     assert main(["dataset", "reclaim", url]) == 0
     out = capsys.readouterr().out
     assert foreign in out and "another dataset" in out and far in out
+    report = reclaim(url)
+    assert report.watermark == 1 and foreign in report.unverified_watermarks
+    assert readable(url, 1, 10)
+    store.delete(foreign)  # the person who checked it found it was not this dataset's
     assert reclaim(url).watermark == 7
 
 
