@@ -27,10 +27,15 @@ to the caller, which counts it as a defect.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import random
+import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from zerobatch_conformance.generate import assemble, pseudo_tokens
 from zerobatch_conformance.probe import describe_batch_file
 from zerobatch_spec import (
@@ -44,9 +49,11 @@ from zerobatch_spec import (
     ErrorCode,
     Header,
     batch_offset,
+    expected_file_size,
     find_violation,
     parse_header,
 )
+from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME, Source, bytes_xxh3
 
 from zerobatch_core import BatchFileReader, FormatError, ZeroBatchError, validate_file
 
@@ -314,3 +321,676 @@ def check(path: str, data: bytes) -> str:
     assert report.detail is not None and report.detail.startswith(f"batch {bad}:"), report
     assert answer == {"valid": False, "error": ErrorCode.NONZERO_PADDING.value}, answer
     return "valid-deep-invalid"
+
+
+# == dataset directories and live datasets ======================================================
+#
+# The metadata fuzzers (``fuzz_datasets.py``, ``fuzz_live.py``) mutate a small valid *tree*: a
+# dataset directory (``manifest.json``, ``checksums.xxh3``, shards) or a local live dataset
+# (``live.json``, manifest versions, segments, batch objects, watermarks). A tree is its regular
+# files' bytes by relative path plus *special* entries (a FIFO, a symbolic link, a directory in
+# place of a file). A mutation is a JSON-serialisable tuple, so a mutant can be saved, read back
+# and replayed (``--replay``):
+#
+# * ``("set", file, path, value)``: set the JSON value at ``path`` (keys and list indices) of
+#   ``file`` to ``value`` (an extreme integer, another type, a hostile name, ...);
+# * ``("drop", file, path)``: remove that key or list item;
+# * ``("dup", file, path)``: duplicate a list item in place, or a key in its object's text
+#   (strict JSON readers must refuse a key given twice);
+# * ``("swap", file, path, i, j)``: swap two items of a list;
+# * ``("fit", shard, n)``: shard ``shard`` of a dataset manifest claims ``n`` slots (``"max"``:
+#   the most a u32 ``total_records`` allows), with the ``size`` and ``total_records`` that make
+#   the entry consistent (so that huge counts pass the manifest's own rules and reach the code
+#   that sizes memory from them);
+# * ``("shape", batch_size, seq_len)``: a dataset manifest's shape, every shard's size refit;
+# * ``("fixsums",)``: the manifest's ``checksums.xxh3`` digest set to the checksums file's, so
+#   that a mutated checksums file reaches the slot checks;
+# * ``("flip", file, offset, value)``, ``("truncate", file, length)``,
+#   ``("append", file, count, byte)``, ``("resize", file, length)``: bytes;
+# * ``("fifo", file)``, ``("symlink", file, target)``, ``("dir", file)``, ``("remove", file)``:
+#   the file replaced by a FIFO, a link, a directory, or nothing;
+# * ``("copy", source, file)``: another file with ``source``'s bytes (a stray object);
+# * live only: ``("ahead", delta, batches, start, offset)``: a new manifest version ``delta``
+#   past the newest, valid on its own (no segments, no tail) but claiming ``batches``,
+#   ``start`` and producer offsets ``offset``: the crafted far-ahead version;
+#   ``("shrink", drop)``: a next version that lists ``drop`` fewer tail entries;
+#   ``("mark", consumer, batch)``: a watermark object; ``("record", samples, batch_size,
+#   foreign)``: ``record_watermark`` called with a hostile state (``foreign``: another
+#   dataset's identity), keeping one watermark, as checkpoint rotation does.
+
+Tree = tuple[dict[str, bytes], dict[str, tuple[str, str]]]
+"""A mutant tree: regular files' bytes by relative path, and special entries by relative path
+(``("fifo", "")``, ``("symlink", target)``, ``("dir", "")``)."""
+
+JSON_INTS = (
+    -1,
+    0,
+    1,
+    2,
+    4095,
+    4096,
+    2**31 - 1,
+    2**31,
+    U32_MAX,
+    2**32,
+    2**40,
+    2**52 + 1,
+    2**62,
+    2**63 - 1,
+    2**63,
+    U64_MAX,
+    2**64,
+    -(2**63),
+    10**30,
+)
+"""Integers a JSON field is set to: the boundaries of every range the documents use."""
+
+JSON_OTHERS: tuple[Any, ...] = (None, True, False, 1.0, 1e308, "1", "", "x" * 300, [], {}, [1, 2])
+"""Values of another type."""
+
+HOSTILE_NAMES = (
+    "../outside.batch",
+    "/dev/zero",
+    "/etc/hostname",
+    "a/b.batch",
+    ".",
+    "..",
+    "",
+    "a b.batch",
+    "\u00e9.batch",
+    "a\\b.batch",
+    "a\nb.batch",
+    "x" * 255,
+    "x" * 256,
+    "checksums.xxh3",
+    "manifest.json",
+    "shard-00000.batch",
+    "~root",
+    ".hidden.batch",
+)
+"""Shard names a crafted manifest may give: traversal, absolute, odd characters, metadata."""
+
+LINK_TARGETS = ("../outside.batch", "/dev/zero", "/dev/null", ".", "missing.batch")
+"""Where a symbolic link in a dataset may point (``../outside.batch`` is a valid LLMBATCH file
+beside the dataset directory)."""
+
+
+def _load_json(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return _INVALID
+
+
+_INVALID = object()
+
+
+def _dump_json(obj: Any) -> bytes:
+    return (json.dumps(obj) + "\n").encode("utf-8")
+
+
+def json_paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path to a value inside ``obj`` (the root excluded), depth first."""
+    out: list[tuple[Any, ...]] = []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            out.append((*prefix, key))
+            out.extend(json_paths(value, (*prefix, key)))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            out.append((*prefix, i))
+            out.extend(json_paths(value, (*prefix, i)))
+    return out
+
+
+def _parent(obj: Any, path: Sequence[Any]) -> Any:
+    for key in path[:-1]:
+        if not _has(obj, key):
+            return None
+        obj = obj[key]
+    return obj
+
+
+def _has(parent: Any, key: Any) -> bool:
+    if isinstance(parent, dict):
+        return key in parent
+    return isinstance(parent, list) and isinstance(key, int) and 0 <= key < len(parent)
+
+
+def _edit_json(files: dict[str, bytes], name: str, edit: Any) -> None:
+    """Apply ``edit(obj) -> text or None`` to file ``name``'s JSON; a file that is not JSON,
+    or an edit that does not apply, leaves the bytes as they are."""
+    if name not in files:
+        return
+    obj = _load_json(files[name])
+    if obj is _INVALID:
+        return
+    out = edit(obj)
+    if out is not None:
+        files[name] = out
+
+
+def _set(obj: Any, op: Op) -> bytes | None:
+    parent, key = _parent(obj, op[2]), op[2][-1]
+    if not _has(parent, key):
+        return None
+    parent[key] = op[3]
+    return _dump_json(obj)
+
+
+def _drop(obj: Any, op: Op) -> bytes | None:
+    parent, key = _parent(obj, op[2]), op[2][-1]
+    if not _has(parent, key):
+        return None
+    del parent[key]
+    return _dump_json(obj)
+
+
+def _dup(obj: Any, op: Op) -> bytes | None:
+    parent, key = _parent(obj, op[2]), op[2][-1]
+    if not _has(parent, key):
+        return None
+    if isinstance(parent, list):
+        parent.insert(key, parent[key])
+        return _dump_json(obj)
+    # A key twice in one object: the first occurrence of ``"key": value`` in the text, again.
+    text = json.dumps(obj)
+    pair = json.dumps({key: parent[key]})[1:-1]
+    at = text.find(pair)
+    return None if at < 0 else (text[: at + len(pair)] + ", " + text[at:] + "\n").encode()
+
+
+def _swap(obj: Any, op: Op) -> bytes | None:
+    items, i, j = _parent(obj, (*op[2], 0)), op[3], op[4]
+    if not isinstance(items, list) or not (0 <= i < len(items) and 0 <= j < len(items)):
+        return None
+    items[i], items[j] = items[j], items[i]
+    return _dump_json(obj)
+
+
+def _fit_shard(obj: Any, shard: int, n: int | str) -> bytes | None:
+    try:
+        entry = obj["shards"][shard]
+        b, t = int(obj["batch_size"]), int(obj["seq_len"])
+        # "max": the most slots total_records (a u32) allows at this batch size.
+        n = U32_MAX // max(b, 1) if n == "max" else int(n)
+        entry["num_batches"] = n
+        entry["size"] = expected_file_size(b, t, n)
+        entry["total_records"] = max(int(entry["total_records"]), n * b)
+        if entry.get("records") is not None:
+            first = int(entry["records"][0])
+            entry["records"] = [first, first + entry["total_records"]]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return _dump_json(obj)
+
+
+def _shape(obj: Any, b: int, t: int) -> bytes | None:
+    try:
+        obj["batch_size"], obj["seq_len"] = b, t
+        for entry in obj["shards"]:
+            n = int(entry["num_batches"])
+            entry["size"] = expected_file_size(b, t, n)
+            entry["total_records"] = max(int(entry["total_records"]), n * b)
+            if entry.get("records") is not None:
+                first = int(entry["records"][0])
+                entry["records"] = [first, first + entry["total_records"]]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return _dump_json(obj)
+
+
+def _bytes_op(files: dict[str, bytes], op: Op) -> None:
+    kind, name = op[0], op[1]
+    if name not in files:
+        return
+    data = bytearray(files[name])
+    if kind == "flip":
+        if op[2] < len(data):
+            data[op[2]] = op[3]
+    elif kind == "truncate":
+        del data[op[2] :]
+    elif kind == "append":
+        data.extend(bytes([op[3]]) * op[2])
+    elif kind == "resize":
+        length = max(0, op[2])
+        del data[length:]
+        data.extend(bytes(length - len(data)))
+    files[name] = bytes(data)
+
+
+def apply_tree(tree: Tree, ops: Sequence[Op]) -> Tree:
+    """The mutant: ``ops`` applied in order to a copy of ``tree`` (live-only ops excepted:
+    ``apply_live`` handles those)."""
+    files, special = dict(tree[0]), dict(tree[1])
+    for op in ops:
+        kind = op[0]
+        if kind == "set":
+            _edit_json(files, op[1], lambda obj, op=op: _set(obj, op))
+        elif kind == "drop":
+            _edit_json(files, op[1], lambda obj, op=op: _drop(obj, op))
+        elif kind == "dup":
+            _edit_json(files, op[1], lambda obj, op=op: _dup(obj, op))
+        elif kind == "swap":
+            _edit_json(files, op[1], lambda obj, op=op: _swap(obj, op))
+        elif kind == "fit":
+            _edit_json(files, MANIFEST_NAME, lambda obj, op=op: _fit_shard(obj, op[1], op[2]))
+        elif kind == "shape":
+            _edit_json(files, MANIFEST_NAME, lambda obj, op=op: _shape(obj, op[1], op[2]))
+        elif kind == "fixsums":
+            digest = bytes_xxh3(files.get(CHECKSUMS_NAME, b""))
+
+            def fix(obj: Any, digest: str = digest) -> bytes | None:
+                if not isinstance(obj, dict) or not isinstance(obj.get("checksums"), dict):
+                    return None
+                obj["checksums"]["xxh3"] = digest
+                return _dump_json(obj)
+
+            _edit_json(files, MANIFEST_NAME, fix)
+        elif kind in ("flip", "truncate", "append", "resize"):
+            _bytes_op(files, op)
+        elif kind in ("fifo", "symlink", "dir", "remove"):
+            files.pop(op[1], None)
+            special.pop(op[1], None)
+            if kind != "remove":
+                special[op[1]] = (kind, op[2] if kind == "symlink" else "")
+        elif kind == "copy":
+            if op[1] in files:
+                files[op[2]] = files[op[1]]
+        elif kind not in LIVE_OPS:
+            raise ValueError(f"unknown mutation {op!r}")
+    return files, special
+
+
+def materialize(tree: Tree, root: str) -> None:
+    """Write ``tree`` under the (new, empty) directory ``root``."""
+    files, special = tree
+    for name, data in files.items():
+        path = os.path.join(root, *name.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+    for name, (kind, target) in special.items():
+        if name in files:  # a later mutation wrote a regular file under that name
+            continue
+        path = os.path.join(root, *name.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "symlink":
+            os.symlink(target, path)
+        else:
+            os.mkdir(path)
+
+
+def _int_value(rng: random.Random) -> Any:
+    roll = rng.random()
+    if roll < 0.75:
+        return rng.choice(JSON_INTS)
+    if roll < 0.9:
+        return rng.choice(JSON_OTHERS)
+    return rng.getrandbits(rng.choice((8, 32, 64)))
+
+
+def _json_op(rng: random.Random, name: str, obj: Any) -> Op | None:
+    """A JSON-aware mutation of document ``name`` (``obj``, already parsed)."""
+    paths = json_paths(obj)
+    if not paths:
+        return None
+    path = list(rng.choice(paths))
+    roll = rng.random()
+    if roll < 0.55:
+        return ("set", name, path, _int_value(rng))
+    if roll < 0.7:
+        return ("drop", name, path)
+    if roll < 0.85:
+        return ("dup", name, path)
+    lists = [p for p in paths if isinstance(_parent(obj, (*p, 0)), list)]
+    if not lists:
+        return ("drop", name, path)
+    where = rng.choice(lists)
+    n = len(_parent(obj, (*where, 0)))
+    if n < 2:
+        return ("dup", name, [*where, 0]) if n else ("drop", name, list(where))
+    return ("swap", name, list(where), rng.randrange(n), rng.randrange(n))
+
+
+def _byte_op(rng: random.Random, name: str, data: bytes) -> Op:
+    n = len(data)
+    roll = rng.random()
+    if roll < 0.5:
+        offset = rng.randrange(max(n, 1))
+        old = data[offset] if offset < n else 0
+        value = old ^ (1 << rng.randrange(8)) if rng.random() < 0.5 else rng.randrange(256)
+        return ("flip", name, offset, value)
+    if roll < 0.8:
+        return ("truncate", name, rng.choice((0, 1, n // 2, max(0, n - 1), rng.randrange(n + 1))))
+    return ("append", name, rng.choice((1, 7, 8, 4096, rng.randrange(1, 300))), rng.randrange(256))
+
+
+# -- dataset directories ------------------------------------------------------------------
+
+
+def _dataset_bases() -> tuple[Tree, ...]:
+    """Two small valid dataset directories, built by ZeroBatch's own writers, and the valid
+    LLMBATCH file ``outside.batch`` that lives beside each (the target of traversal names)."""
+    from zerobatch_core import create_dataset, write_batch_file, write_sharded_dataset
+
+    bases: list[Tree] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        a = os.path.join(tmp, "a")
+        records = pseudo_tokens(11 * 8, salt=1).reshape(11, 8)
+        write_sharded_dataset(
+            a,
+            [records],
+            batch_size=2,
+            seq_len=8,
+            shard_batches=2,
+            seed=5,
+            sources=[Source("in.npy", (0, 11))],
+        )
+        b = os.path.join(tmp, "b")
+        os.makedirs(b)
+        for i, (name, rows) in enumerate((("b.batch", 6), ("a.batch", 3))):
+            tokens = pseudo_tokens(rows * 300, salt=10 + i).reshape(rows, 300)
+            write_batch_file(os.path.join(b, name), tokens, batch_size=3, seed=i)
+        create_dataset(b, ["b.batch", "a.batch"], seed=9)
+        for root in (a, b):
+            files = {}
+            for name in sorted(os.listdir(root)):
+                with open(os.path.join(root, name), "rb") as f:
+                    files[name] = f.read()
+            bases.append((files, {}))
+    return tuple(bases)
+
+
+OUTSIDE = BASES[0]
+"""The bytes of ``outside.batch``, a valid LLMBATCH file beside every dataset mutant."""
+
+_DATASET_BASES: tuple[Tree, ...] | None = None
+
+
+def dataset_bases() -> tuple[Tree, ...]:
+    """The dataset bases (built once per process)."""
+    global _DATASET_BASES
+    if _DATASET_BASES is None:
+        _DATASET_BASES = _dataset_bases()
+    return _DATASET_BASES
+
+
+def random_dataset_op(rng: random.Random, tree: Tree) -> Op:
+    """One mutation of a dataset tree, weighted towards the manifest's numbers and names."""
+    files, _ = tree
+    manifest = _load_json(files.get(MANIFEST_NAME, b""))
+    shards = (
+        len(manifest["shards"])
+        if isinstance(manifest, dict) and isinstance(manifest.get("shards"), list)
+        else 0
+    )
+    roll = rng.random()
+    if roll < 0.35 and manifest is not _INVALID:
+        op = _json_op(rng, MANIFEST_NAME, manifest)
+        if op is not None:
+            return op
+    if roll < 0.47 and shards:
+        n = rng.choice((*JSON_INTS[1:16], rng.randrange(1, 1 << 20), "max", "max"))
+        return ("fit", rng.randrange(shards), n)
+    if roll < 0.52:
+        return ("shape", rng.choice(JSON_INTS[2:12]), rng.choice(JSON_INTS[2:12]))
+    if roll < 0.60 and shards:
+        return ("set", MANIFEST_NAME, ["shards", rng.randrange(shards), "name"],
+                rng.choice(HOSTILE_NAMES))  # fmt: skip
+    if roll < 0.66:
+        return ("fixsums",)
+    if roll < 0.72:
+        size = len(files.get(CHECKSUMS_NAME, b""))
+        return ("resize", CHECKSUMS_NAME, rng.choice((0, 8, size - 8, size + 8, size * 2, 1 << 16)))
+    if roll < 0.86:
+        name = rng.choice((MANIFEST_NAME, MANIFEST_NAME, CHECKSUMS_NAME))
+        return _byte_op(rng, name, files.get(name, b""))
+    shard_names = sorted(n for n in files if n.endswith(".batch"))
+    name = rng.choice((MANIFEST_NAME, CHECKSUMS_NAME, *shard_names))
+    roll = rng.random()
+    if roll < 0.4:
+        return ("symlink", name, rng.choice(LINK_TARGETS))
+    if roll < 0.55:
+        return ("fifo", name)
+    if roll < 0.7:
+        return ("dir", name)
+    if roll < 0.85:
+        return ("remove", name)
+    return ("copy", rng.choice(shard_names), rng.choice(("extra.batch", "shard-99999.batch")))
+
+
+def random_dataset_mutant(seed: int, index: int) -> tuple[int, list[Op], Tree]:
+    """Mutant ``index`` of run ``seed``: its base, its ops and its tree (deterministic)."""
+    rng = random.Random((seed << 40) ^ index ^ 0xD5)
+    bases = dataset_bases()
+    base = rng.randrange(len(bases))
+    tree = bases[base]
+    ops: list[Op] = []
+    for _ in range(rng.choice((1, 1, 2, 2, 3, 4))):
+        op = random_dataset_op(rng, tree)
+        ops.append(op)
+        tree = apply_tree(tree, [op])
+    if rng.random() < 0.3 and ops[-1][0] != "fixsums":  # let odd checksums reach the slots
+        ops.append(("fixsums",))
+        tree = apply_tree(tree, ops[-1:])
+    return base, ops, tree
+
+
+# -- live datasets -------------------------------------------------------------------------
+
+LIVE_OPS = ("ahead", "shrink", "mark", "record")
+"""Mutations only ``apply_live`` knows (they need the live dataset's rules or its API)."""
+
+LIVE_B, LIVE_T = 4, 16
+LIVE_BATCHES = 12
+LIVE_SEGMENT = 2
+LIVE_MARK = 7
+"""The live base: ``LIVE_BATCHES`` batches of one producer, committed one by one and sealed in
+segments of ``LIVE_SEGMENT``, and a consumer whose checkpoint reads from batch ``LIVE_MARK``."""
+
+
+def live_batch(i: int) -> npt.NDArray[np.uint32]:
+    """Batch ``i`` of the live base: every row ``i * 32 + arange(T)``."""
+    row = np.arange(LIVE_T, dtype=np.uint32) + np.uint32(i * 32)
+    return np.broadcast_to(row, (LIVE_B, LIVE_T)).copy()
+
+
+def live_identify(item: npt.NDArray[np.integer]) -> int | None:
+    """The index of a whole live-base batch, or ``None`` for anything else."""
+    i = int(item[0, 0]) // 32
+    return i if item.shape == (LIVE_B, LIVE_T) and np.array_equal(item, live_batch(i)) else None
+
+
+def _read_tree(root: str) -> dict[str, bytes]:
+    files = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
+    return files
+
+
+def _live_base() -> Tree:
+    from zerobatch_core import BatchNativeLoader
+    from zerobatch_core.live import LiveProducer
+    from zerobatch_core.live_source import LiveSource
+    from zerobatch_core.retention import record_watermark
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = os.path.join(tmp, "live")
+        with LiveProducer(
+            root, "p-0", batch_size=LIVE_B, seq_len=LIVE_T, cadence=1, segment_size=LIVE_SEGMENT
+        ) as producer:
+            for i in range(LIVE_BATCHES):
+                producer.append(live_batch(i))
+        with LiveSource(root, timeout=5) as source:
+            loader = BatchNativeLoader(source, dtype="uint32")
+            items = iter(loader)
+            for _ in range(LIVE_MARK):
+                next(items)
+            record_watermark(root, "c-1", loader.state_dict(), keep=2)
+        return _deterministic(_read_tree(root)), {}
+
+
+def _deterministic(files: dict[str, bytes]) -> dict[str, bytes]:
+    """``files`` with the random dataset id and nonces replaced by fixed ones (segment
+    digests refitted), so that mutant ``i`` is the same bytes in every process."""
+    tokens: list[str] = [json.loads(files["live.json"])["id"]]
+    for key, data in sorted(files.items()):
+        if key.startswith("manifests/"):
+            tokens.append(json.loads(data)["nonce"])
+        elif key.startswith("batches/"):
+            tokens.append(key.rsplit("-", 1)[1].removesuffix(".batch"))
+    fixed = {t: f"{i + 1:0{len(t)}x}" for i, t in enumerate(dict.fromkeys(tokens))}
+
+    def rewrite(text: str) -> str:
+        for old, new in fixed.items():
+            text = text.replace(old, new)
+        return text
+
+    out = {rewrite(k): (v if k.startswith("batches/") else rewrite(v.decode()).encode())
+           for k, v in files.items()}  # fmt: skip
+    for key in [k for k in out if k.startswith("manifests/")]:
+        obj = json.loads(out[key])
+        for ref in obj["segments"]:
+            ref["xxh3"] = bytes_xxh3(out[ref["name"]])
+        out[key] = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+    return out
+
+
+_LIVE_BASE: Tree | None = None
+
+
+def live_base() -> Tree:
+    """The live base tree (built once per process)."""
+    global _LIVE_BASE
+    if _LIVE_BASE is None:
+        _LIVE_BASE = _live_base()
+    return _LIVE_BASE
+
+
+def _versions(files: dict[str, bytes]) -> list[str]:
+    return sorted(k for k in files if k.startswith("manifests/") and k.endswith(".json"))
+
+
+def _next_version(files: dict[str, bytes], delta: int, edit: Any) -> None:
+    """A new manifest version ``delta`` past the newest that parses, made by ``edit(obj)``."""
+    for key in reversed(_versions(files)):
+        obj = _load_json(files[key])
+        if isinstance(obj, dict) and isinstance(obj.get("manifest"), int):
+            version = obj["manifest"] + delta
+            if not 0 <= version < 10**20:
+                return
+            obj["manifest"] = version
+            obj["writer"], obj["nonce"] = "p-9", "0123456789abcdef"
+            try:
+                made = edit(obj) is not False
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+                made = False  # the newest version was mutated out of shape: nothing to extend
+            if made:
+                files[f"manifests/{version:020d}.json"] = _dump_json(obj)
+            return
+
+
+def apply_live(tree: Tree, ops: Sequence[Op]) -> Tree:
+    """``apply_tree`` plus the live-only mutations (``record`` is left to the checker, which
+    calls ``record_watermark`` on the materialised tree)."""
+    files, special = apply_tree(tree, [op for op in ops if op[0] not in LIVE_OPS])
+    for op in ops:
+        if op[0] == "ahead":
+            _, delta, batches, start, offset = op
+
+            def ahead(obj: Any, b: int = batches, s: int = start, o: int = offset) -> None:
+                obj.update(batches=b, start=s, segments=[], tail=[])
+                producers = obj.get("producers")
+                if isinstance(producers, dict):
+                    for state in producers.values():
+                        if isinstance(state, dict):
+                            state["offset"] = o
+
+            _next_version(files, delta, ahead)
+        elif op[0] == "shrink":
+
+            def shrink(obj: Any, drop: int = op[1]) -> bool:
+                tail = obj.get("tail")
+                if not isinstance(tail, list) or not tail:
+                    return False
+                kept = tail[: max(0, len(tail) - drop)]
+                obj["tail"] = kept
+                ends = [s["first"] + s["batches"] for s in obj.get("segments", [])]
+                obj["batches"] = (
+                    kept[-1]["first"] + kept[-1]["num_batches"]
+                    if kept
+                    else (ends[-1] if ends else obj.get("start", 0))
+                )
+                return True
+
+            _next_version(files, 1, shrink)
+        elif op[0] == "mark":
+            files[f"watermarks/{op[1]}/{op[2]:020d}.json"] = _dump_json({"batch": op[2]})
+    return files, special
+
+
+def random_live_op(rng: random.Random, tree: Tree) -> Op:
+    """One mutation of a live tree: its documents' numbers and shapes, a crafted version far
+    ahead, a shrunk version, watermarks beyond the end or of another dataset, bytes, FIFOs."""
+    files, _ = tree
+    versions = _versions(files)
+    roll = rng.random()
+    if roll < 0.12:
+        big = rng.choice((10**6, 2**40, 2**62, U64_MAX, LIVE_BATCHES + 1, LIVE_BATCHES * 4))
+        # ``start == batches`` with no entries is a version valid on its own (the attack);
+        # other starts break the contiguity rule, which every reader must catch.
+        start = big if rng.random() < 0.75 else rng.choice((big - 1, LIVE_BATCHES, 0))
+        return ("ahead", rng.choice((1, 1, 2, 1000, 10**12)), big, start,
+                rng.choice((big, U64_MAX, LIVE_BATCHES + 5)))  # fmt: skip
+    if roll < 0.17:
+        return ("shrink", rng.choice((1, 2, 3, 100)))
+    if roll < 0.25:
+        batch = rng.choice((LIVE_BATCHES + 1, 2**40, U64_MAX, 10**19, 0, LIVE_MARK + 2))
+        return ("mark", rng.choice(("c-1", "c-2", "other")), batch)
+    if roll < 0.30:
+        samples = rng.choice((LIVE_BATCHES * 4 * LIVE_B, 2**50, 10 * LIVE_B, -LIVE_B, 0))
+        batch_size = rng.choice((LIVE_B, 1, 0, -1))
+        # A state of this dataset inside the committed range is a legitimate checkpoint (its
+        # watermark may rotate the real one out): only hostile states are drawn.
+        legitimate = batch_size > 0 and 0 < samples // batch_size <= LIVE_BATCHES
+        return ("record", samples, batch_size, legitimate or rng.random() < 0.5)
+    documents = [k for k in files if k.endswith(".json")]
+    weights = [
+        6 if k in versions[-2:] else 3 if k.startswith("segments/") else 1 for k in documents
+    ]
+    name = rng.choices(documents, weights)[0]
+    roll = rng.random()
+    if roll < 0.6:
+        op = _json_op(rng, name, _load_json(files[name]))
+        if op is not None:
+            return op
+    if roll < 0.9:
+        return _byte_op(rng, name, files[name])
+    roll = rng.random()
+    if roll < 0.3:
+        return ("fifo", name)
+    if roll < 0.5:
+        return ("dir", name)
+    if roll < 0.75:
+        return ("remove", name)
+    stray = rng.choice(("manifests/x.json", "manifests/.00000000000000000099.json.1a2b.tmp",
+                        f"segments/{10**19}.json", "batches/p-0/99-00000000.batch"))  # fmt: skip
+    return ("copy", name, stray)
+
+
+def random_live_mutant(seed: int, index: int) -> tuple[int, list[Op], Tree]:
+    """Live mutant ``index`` of run ``seed``: ``(0, ops, tree)`` (deterministic)."""
+    rng = random.Random((seed << 40) ^ index ^ 0x11FE)
+    tree = live_base()
+    ops: list[Op] = []
+    for _ in range(rng.choice((1, 1, 1, 2, 2, 3))):
+        op = random_live_op(rng, tree)
+        ops.append(op)
+        tree = apply_live(tree, [op])
+    return 0, ops, tree
