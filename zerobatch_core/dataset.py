@@ -99,10 +99,16 @@ def is_dataset(path: str | os.PathLike[str]) -> bool:
     return os.path.isfile(os.path.join(os.fspath(path), MANIFEST_NAME))
 
 
+MANIFEST_LIMIT = 64 << 20
+"""Largest ``manifest.json`` read (64 MiB, some 400,000 shards): a larger one is refused before
+it is read (``SPEC.md`` 12.1 lets an implementation bound it), so a sparse or runaway file
+cannot ask for more memory than a dataset's description needs."""
+
+
 def read_manifest(directory: str | os.PathLike[str]) -> tuple[Manifest, bytes]:
     """The directory's checked manifest and its bytes; ``DatasetError`` for a broken one."""
     path = os.path.join(os.fspath(directory), MANIFEST_NAME)
-    data = read_regular_file(path)  # a FIFO is refused, not waited on
+    data = read_regular_file(path, MANIFEST_LIMIT)  # a FIFO is refused, not waited on
     parsed = parse_manifest(data)
     if isinstance(parsed, DatasetViolation):
         raise DatasetError(path, parsed)
@@ -316,15 +322,15 @@ class DatasetReader(Closing):
         """Every slot's expected XXH3-64, checked against the manifest's digest on first use."""
         if self._checksums is None:
             path = os.path.join(self.path, CHECKSUMS_NAME)
-            try:
-                data = read_regular_file(path)  # a FIFO is refused, not waited on
+            expected = self.num_batches * CHECKSUM_BYTES
+            try:  # a FIFO is refused, not waited on; a larger file before it is read
+                data = read_regular_file(path, expected)
             except OSError as e:  # missing, not a regular file, unreadable
                 detail = "not found" if isinstance(e, FileNotFoundError) else f"unreadable: {e}"
                 raise DatasetError(
                     path,
                     DatasetViolation(DatasetCode.CHECKSUMS_MISMATCH, CHECKSUMS_NAME, detail),
                 ) from None
-            expected = self.num_batches * CHECKSUM_BYTES
             digest = bytes_xxh3(data)
             if len(data) != expected or digest != self.manifest.checksums_xxh3:
                 raise DatasetError(

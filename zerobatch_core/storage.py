@@ -394,6 +394,13 @@ def _short(error: BaseException) -> str:
     return (text[0] if text else type(error).__name__)[:300]
 
 
+LOCAL_READ_LIMIT = 1 << 30
+"""Largest object a directory store reads whole (1 GiB): whole reads are for metadata (live
+descriptors, manifest versions, segments, watermarks, a dataset's manifest, and its checksums
+at 8 bytes a slot), so a sparse or runaway file is refused before it is read rather than
+filling memory."""
+
+
 class LocalStore(Store):
     """A directory as a store: keys are relative paths below ``root``.
 
@@ -418,8 +425,8 @@ class LocalStore(Store):
 
     def _read(self, key: str) -> bytes:
         # Non-blocking open and a file-type check: a FIFO named like a manifest is refused
-        # (``ZeroBatchIOError``), not waited on.
-        return read_regular_file(self.path(key))
+        # (``ZeroBatchIOError``), not waited on; so is a file too large to be metadata.
+        return read_regular_file(self.path(key), LOCAL_READ_LIMIT)
 
     def _read_ranges(
         self, key: str, ranges: Sequence[tuple[int, int]], coalesce: int

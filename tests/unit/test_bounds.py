@@ -313,3 +313,53 @@ def test_slots_checked_per_shard_once_and_a_corrupted_one_raises_every_time(
         reader.read_batch(index)  # checked again only under "always"
         assert reader.bytes_read - before == (padded_batch_bytes(4, 4) if verify == "always" else 0)
     reader.close()
+
+
+def test_oversized_metadata_files_are_refused_before_they_are_read(tmp_path: Path) -> None:
+    """A sparse checksums file of 3 GiB, a manifest of 65 MiB and a live manifest version of
+    2 GiB cost no memory: each is refused by its size, naming it, under a 2 GiB address-space
+    limit (they used to be read whole: MemoryError)."""
+    path = tmp_path / "ds"
+    write_sharded_dataset(path, [records(8, 3)], batch_size=2, seq_len=3, shard_batches=2)
+    os.truncate(path / "checksums.xxh3", 3 << 30)
+    big = tmp_path / "big"
+    write_sharded_dataset(big, [records(8, 3)], batch_size=2, seq_len=3, shard_batches=2)
+    with open(big / MANIFEST_NAME, "r+b") as f:
+        f.seek(0, os.SEEK_END)
+        f.truncate(f.tell() + (65 << 20))
+    live = tmp_path / "live"
+    out = _run(
+        f"""
+        import os
+        import numpy as np
+        from zerobatch_core import BatchNativeLoader, DatasetError, DatasetReader
+        from zerobatch_core.errors import ZeroBatchError
+        from zerobatch_core.live import LiveProducer
+        from zerobatch_core.live_source import LiveSource
+        with DatasetReader(path, verify="first") as reader:
+            try:
+                reader.read_batch(0)
+            except DatasetError as e:
+                print(e.code.value, "more than" in str(e))
+        try:
+            DatasetReader({str(big)!r})
+        except (DatasetError, OSError) as e:
+            print(type(e).__name__, "more than" in str(e))
+        with LiveProducer({str(live)!r}, "p", batch_size=2, seq_len=3, cadence=1) as p:
+            p.append(np.zeros((2, 3), dtype=np.uint32))
+        os.truncate({str(live)!r} + "/manifests/00000000000000000001.json", 2 << 30)
+        try:
+            LiveSource({str(live)!r}, timeout=1)
+        except ZeroBatchError as e:
+            print(type(e).__name__, "more than" in str(e))
+        """,
+        str(path),
+    )
+    assert out.split() == [
+        "checksums_mismatch",
+        "True",
+        "ZeroBatchIOError",
+        "True",
+        "ZeroBatchIOError",
+        "True",
+    ]
