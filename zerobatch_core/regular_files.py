@@ -65,13 +65,15 @@ def read_regular_file(path: str | os.PathLike[str], limit: int | None = None) ->
             raise ZeroBatchIOError(
                 errno.EFBIG, f"{size:,} bytes, more than the {limit:,} this file may have", shown
             )
-        cap = size if limit is None else limit
+        cap = size  # at most ``limit``: checked above
         chunks: list[bytes] = []
         got = 0
         while True:
             # Read what fstat reported, then on until end of file (the file may have grown),
             # never past ``limit``.
-            want = max(cap - got, 1 << 16) if limit is None else limit + 1 - got
+            want = max(cap - got, 1 << 16)  # what is there, never a buffer sized by a claim
+            if limit is not None:
+                want = min(want, limit + 1 - got)
             if want <= 0:
                 break
             chunk = os.read(fd, want)

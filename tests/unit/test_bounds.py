@@ -363,3 +363,18 @@ def test_oversized_metadata_files_are_refused_before_they_are_read(tmp_path: Pat
         "ZeroBatchIOError",
         "True",
     ]
+
+
+def test_a_claimed_size_bounds_a_read_but_never_sizes_its_buffer(tmp_path: Path) -> None:
+    """A manifest claiming 2^40 slots makes the checksums file's bound 8 TiB: the small file
+    there is still read by its own size (a read sized by the bound asked for 8 TiB)."""
+    small = tmp_path / "small"
+    small.write_bytes(b"x" * 100)
+    out = _run(
+        """
+        from zerobatch_core.regular_files import read_regular_file
+        print(len(read_regular_file(path, 1 << 43)))
+        """,
+        small,
+    )
+    assert out.split() == ["100"]
