@@ -370,6 +370,31 @@ def _trusted_watermarks(
         if reason is not None:
             report.unverified_watermarks[key] = reason
         out.append((found[1], key))
+    for key in _odd_watermarks(store):  # present, but no object a listing shows
+        found = parse_watermark_name(key)
+        if found is not None and found[1] <= committed:
+            report.unverified_watermarks[key] = f"{_LEGACY}not a regular file"
+            out.append((found[1], key))
+    return sorted(out)
+
+
+def _odd_watermarks(store: Store) -> list[str]:
+    """Keys of a directory store's watermark entries that are not regular files (a FIFO, a
+    socket, a device): a listing leaves them out and reading them is refused, yet each stands
+    for a checkpoint as much as a damaged watermark does, so it still protects its batch."""
+    if not isinstance(store, LocalStore):
+        return []
+    root = os.path.join(store.root, WATERMARKS_PREFIX)
+    out = []
+    for directory, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(directory, name)
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                mode = 0  # a dangling link: no checkpoint behind it
+            if mode and not stat.S_ISREG(mode):
+                out.append(os.path.relpath(path, store.root).replace(os.sep, "/"))
     return sorted(out)
 
 

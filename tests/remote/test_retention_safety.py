@@ -361,3 +361,17 @@ def test_a_dead_producers_leftover_beside_its_committed_twin_is_still_reclaimed(
     assert report.kept_batches == {}
     assert report.deleted.get("batches") == 1
     assert not store.exists(leftover) and store.exists(real.name)
+
+
+def test_a_watermark_that_is_not_a_regular_file_still_protects_its_batch(tmp_path: Path) -> None:
+    """A checkpoint's watermark replaced by a FIFO is left out of listings and cannot be read,
+    but it still stands for a checkpoint: it protects its batch, and is reported."""
+    url = str(tmp_path / "live")
+    produce(url, 10)
+    record_watermark(url, "trainer", state_at(url, 9))
+    odd = watermark_name("trainer", 3)
+    os.mkfifo(tmp_path / "live" / odd)
+    report = reclaim(url)
+    assert report.watermark == 3 and report.start <= 3
+    assert "not a regular file" in report.unverified_watermarks[odd]
+    assert readable(url, 3, 10)
