@@ -22,8 +22,9 @@ help:
 	@echo "make demo   - set up (core + PyTorch), write a dataset from the bundled corpus, train"
 	@echo "make test   - set up (core + PyTorch, JAX, TensorFlow), lint, type-check, vectors,"
 	@echo "              conformance and every test"
-	@echo "make mutation - mutation testing of spec/ and the core's order, loader, reader, writer"
-	@echo "              and validation modules (slow, resumable; not part of make test):"
+	@echo "make mutation - mutation testing of spec/ and the core (order, loader, reader, writer,"
+	@echo "              validation, datasets, slicing, remote reads, stores, live datasets,"
+	@echo "              retention, provenance; slow, resumable, not part of make test):"
 	@echo "              MUTATION_ARGS='spec/layout.py --jobs 2' picks modules and parallelism"
 
 # Core, dev tools and the pinned PyTorch (installed first so nothing pulls another build).
@@ -82,8 +83,8 @@ pytest: install $(FRAMEWORKS)
 test: lint typecheck check-vectors conformance pytest
 
 # Mutation testing with Cosmic Ray (tests/README.md, "Mutation testing"): each module's mutants
-# run in a private copy under build/mutation, so the working tree is never mutated. Slow (about
-# an hour for every module on two cores), resumable, and not part of `make test` or CI.
+# run in a private copy under build/mutation, so the working tree is never mutated. Slow (many
+# hours for every module on two cores), resumable, and not part of `make test` or CI.
 MUTATION_ARGS ?=
 mutation: install
 	$(PIP) -e '.[mutation]' $(EDITABLE)
