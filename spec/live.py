@@ -233,7 +233,8 @@ class _FailError(Exception):
         self.violation = LiveViolation(code, where, detail)
 
 
-def _load(data: bytes, fmt: str) -> dict[str, Any]:
+def _object(data: bytes) -> dict[str, Any]:
+    """``data`` as a JSON object under 12.1's rules, or ``live_not_json``."""
     try:
         obj = json.loads(
             data.decode("utf-8"),
@@ -245,6 +246,11 @@ def _load(data: bytes, fmt: str) -> dict[str, Any]:
         raise _FailError(LiveCode.NOT_JSON, "document", f"not UTF-8 JSON: {e}") from e
     if not isinstance(obj, dict):
         raise _FailError(LiveCode.NOT_JSON, "document", "expected a JSON object")
+    return obj
+
+
+def _load(data: bytes, fmt: str) -> dict[str, Any]:
+    obj = _object(data)
     if obj.get("format") != fmt:
         raise _FailError(
             LiveCode.BAD_FORMAT, "format", f"expected {fmt!r}, found {obj.get('format')!r:.60}"
@@ -750,19 +756,10 @@ def parse_watermark(data: bytes) -> tuple[str | None, int] | LiveViolation:
     """``(dataset id, batch)`` of a watermark object, the id ``None`` for one written before
     watermarks carried it (``{"batch": n}``), or the first rule it breaks."""
     try:
-        obj = json.loads(
-            data.decode("utf-8"),
-            parse_int=_json_int,
-            parse_constant=_json_constant,
-            object_pairs_hook=_json_object,
-        )
-        if not isinstance(obj, dict):
-            raise _FailError(LiveCode.NOT_JSON, "document", "expected a JSON object")
+        obj = _object(data)
         batch = _int(obj, "batch", "", 0, U64_MAX)
         if "id" not in obj:
             return None, batch
         return _str(obj, "id", "", _ID), batch
-    except (ValueError, RecursionError) as e:
-        return LiveViolation(LiveCode.NOT_JSON, "document", f"not UTF-8 JSON: {e}")
     except _FailError as e:
         return e.violation
