@@ -757,7 +757,7 @@ def random_dataset_op(rng: random.Random, tree: Tree) -> Op:
         return ("fifo", name)
     if roll < 0.7:
         return ("dir", name)
-    if roll < 0.85:
+    if roll < 0.85 or not shard_names:  # an earlier op may have removed every shard
         return ("remove", name)
     return ("copy", rng.choice(shard_names), rng.choice(("extra.batch", "shard-99999.batch")))
 
