@@ -9,18 +9,13 @@ from dataclasses import replace
 from itertools import pairwise
 
 import pytest
-import xxhash
-from zerobatch_spec import expected_file_size
 from zerobatch_spec.live import (
-    Descriptor,
-    Entry,
     LiveCode,
     LiveManifest,
     LiveViolation,
     Producer,
     Segment,
     SegmentRef,
-    batch_name,
     build_watermark,
     commit_entries,
     empty_manifest,
@@ -31,26 +26,7 @@ from zerobatch_spec.live import (
     trim,
 )
 
-D = Descriptor(2, 3, 7, "0123456789abcdef0123456789abcdef", 2)
-
-
-def entry(producer: str, offset: int, n: int = 1) -> Entry:
-    return Entry(
-        batch_name(producer, offset, "deadbeef"),
-        0,
-        n,
-        producer,
-        offset,
-        0,
-        n * D.batch_size,
-        expected_file_size(D.batch_size, D.seq_len, n),
-        "0123456789abcdef",
-        ("00000000000000aa",) * n,
-    )
-
-
-def digest(data: bytes) -> str:
-    return f"{xxhash.xxh3_64_intdigest(data):016x}"
+from tests.unit.test_live_spec import D, digest, entry
 
 
 def chain() -> tuple[list[LiveManifest], dict[str, Segment]]:
