@@ -40,6 +40,13 @@ characters starts, so that a long run is scanned once, not once per character.""
 _SEGMENT_END = re.compile(r"[\s/?#\"'<>`]")
 """What ends a URL's authority (``/``, ``?``, ``#``) or the URL itself in a message."""
 
+_ENCODED_SLASH = re.compile(r"(?i)%2f")
+"""What also ends the authority of a percent-encoded URL."""
+
+_THROUGH_USERINFO = re.compile(r"(?s).*(?:@|%40)")
+"""An authority from its start through the last ``@`` (or ``%40``): the user information and
+the sign that ends it. Anchored at the start (``match``), so one try scans the authority once."""
+
 _lock = threading.Lock()
 _secrets: tuple[str, ...] = ()
 
@@ -73,14 +80,11 @@ def secrets_of(url: str) -> set[str]:
 
 def _userinfo(url: str) -> str | None:
     """The user information of ``url`` as written, or ``None``."""
-    if "://" not in url:
-        return None
-    authority = url.split("://", 1)[1]
+    authority = url.partition("://")[2]
     for stop in "/?#":
-        authority = authority.split(stop, 1)[0]
-    if "@" not in authority:
-        return None
-    return authority.rsplit("@", 1)[0]
+        authority = authority.partition(stop)[0]
+    userinfo, at, _ = authority.rpartition("@")
+    return userinfo if at else None
 
 
 def remember(url: str) -> None:
@@ -103,22 +107,19 @@ def drop_userinfo(text: str) -> str:
     also at ``%2F``. Each authority is examined once, so the time is linear in the text's
     length whatever it holds (messages can quote hostile names of any length).
     """
-    lowered = text.lower()
     kept: list[str] = []
     copied = searched = 0
     while (found := _SCHEME.search(text, searched)) is not None:
         start = found.end()
         stop = _SEGMENT_END.search(text, start)
-        end = stop.start() if stop else len(text)
+        authority = text[start : stop.start() if stop else len(text)]
         if found.group(1) != "://":
-            slash = lowered.find("%2f", start, end)
-            end = end if slash < 0 else slash
-        raw, encoded = text.rfind("@", start, end), lowered.rfind("%40", start, end)
-        if raw >= 0 or encoded >= 0:
-            cut = raw + 1 if raw > encoded else encoded + 3
+            authority = _ENCODED_SLASH.split(authority)[0]
+        userinfo = _THROUGH_USERINFO.match(authority)
+        if userinfo is not None:
             kept.append(text[copied:start])
-            copied = cut
-        searched = max(end, start)
+            copied = start + userinfo.end()
+        searched = start + len(authority)
     kept.append(text[copied:])
     return "".join(kept)
 

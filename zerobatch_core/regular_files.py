@@ -18,7 +18,7 @@ import stat
 
 from .errors import ZeroBatchIOError
 
-_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -54,37 +54,24 @@ def read_regular_file(path: str | os.PathLike[str], limit: int | None = None) ->
     """The bytes of the regular file ``path`` (see the module docstring).
 
     With ``limit``, a file larger than ``limit`` bytes is refused (``ZeroBatchIOError``,
-    ``EFBIG``) before it is read, and at most ``limit`` bytes are read even if it grows, so a
-    caller can bound what a metadata file may cost.
+    ``EFBIG``) before a byte is read, so a caller can bound what a metadata file may cost. The
+    file is read for the size ``fstat`` reports on the opened descriptor, never a size a claim
+    gives; a file that grows or shrinks while it is read (written in place, not replaced by a
+    rename as every ZeroBatch writer does) is refused (``EIO``) rather than returned half old.
     """
     shown = os.fspath(path)
-    fd = open_regular_file(shown)
-    try:
-        size = os.fstat(fd).st_size
+    with open(open_regular_file(shown), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         if limit is not None and size > limit:
             raise ZeroBatchIOError(
                 errno.EFBIG, f"{size:,} bytes, more than the {limit:,} this file may have", shown
             )
-        cap = size  # at most ``limit``: checked above
-        chunks: list[bytes] = []
-        got = 0
-        while True:
-            # Read what fstat reported, then on until end of file (the file may have grown),
-            # never past ``limit``.
-            want = max(cap - got, 1 << 16)  # what is there, never a buffer sized by a claim
-            if limit is not None:
-                want = min(want, limit + 1 - got)
-            if want <= 0:
-                break
-            chunk = os.read(fd, want)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        if limit is not None and got > limit:
+        data = f.read(size)  # reads until it has ``size`` bytes or the file ends
+        if len(data) != size or f.peek():
             raise ZeroBatchIOError(
-                errno.EFBIG, f"more than the {limit:,} bytes this file may have", shown
+                errno.EIO,
+                f"changed size while it was read ({size:,} bytes when opened): it is being "
+                "written in place",
+                shown,
             )
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        return data

@@ -17,8 +17,11 @@ Why it is built this way:
   import names (``zerobatch_spec`` is ``spec/``, as in pyproject.toml's package-dir), which puts
   it ahead of any installed or editable copy of ZeroBatch.
 - Each module runs only the tests that exercise it, with ``pytest -x``: a mutant is killed by
-  its first failing test. Hypothesis replays fixed examples (``HYPOTHESIS_PROFILE=ci``), so a
-  verdict does not depend on the examples a run happened to draw.
+  its first failing test. The tests that execute the mutated line run first (a coverage map
+  of the module, built once per session: ``write_coverage_map``, ``select_tests.py``), then,
+  if they pass, the rest, so that a survivor has passed every listed test. Hypothesis replays
+  fixed examples (``HYPOTHESIS_PROFILE=ci``), so a verdict does not depend
+  on the examples a run happened to draw.
 - Sessions are Cosmic Ray's SQLite files under ``build/mutation/sessions``: an interrupted run
   resumes where it stopped. A session is discarded when the module, its tests or this
   configuration change, since its mutants no longer describe the code.
@@ -229,6 +232,73 @@ def filter_session(db_path: Path, tree: Path, module: str, exclude: list[str]) -
     return skipped
 
 
+def write_coverage_map(
+    path: Path, tree: Path, module: str, tests: list[str], stamp: dict[str, str]
+) -> None:
+    """Which tests execute each line of ``module``: one run of its tests under coverage, each
+    test's lines recorded under its node id (coverage_contexts.py). Written as
+    ``{"stamp": ..., "lines": {line: [node ids, in the order of the test list]}}``."""
+    import coverage
+
+    data_file = path.with_suffix(".data")
+    data_file.unlink(missing_ok=True)
+    names = [
+        module,
+        *(
+            name + module[len(p) :]
+            for name, p in package_aliases().items()
+            if module.startswith(p + "/")
+        ),
+    ]
+    env = child_env(tree)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(tree / "tests" / "mutation")])
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "coverage",
+            "run",
+            f"--data-file={data_file}",
+            f"--include={','.join(str(tree / n) for n in names)}",
+            "-m",
+            "pytest",
+            "-q",
+            "--no-header",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "coverage_contexts",
+            *tests,
+        ],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    data = coverage.CoverageData(basename=str(data_file))
+    data.read()
+    target = os.path.realpath(tree / module)
+    lines: dict[int, set[str]] = {}
+    for measured in data.measured_files():
+        if os.path.realpath(measured) == target:
+            for line, contexts in data.contexts_by_lineno(measured).items():
+                lines.setdefault(line, set()).update(contexts)
+    rank = {t: i for i, t in enumerate(tests)}
+
+    def order(nodeid: str) -> tuple[int, str]:
+        return rank.get(nodeid.split("::")[0], len(tests)), nodeid
+
+    path.write_text(
+        json.dumps(
+            {
+                "stamp": stamp,
+                "lines": {str(n): sorted(c, key=order) for n, c in sorted(lines.items())},
+            }
+        )
+    )
+    data_file.unlink(missing_ok=True)
+
+
 def run_module(
     module: str, tests: list[str], cfg: dict[str, Any], work: Path, fresh: bool, survivors: bool
 ) -> str:
@@ -250,17 +320,22 @@ def run_module(
         raise SystemExit(f"{module}: the tests fail without a mutant:\n{base.stdout[-3000:]}")
     timeout = max(cfg["min_timeout"], cfg["timeout_factor"] * baseline)
 
+    stamp_now = fingerprint(module, tests, cfg)
+    stamp_old = json.loads(stamp.read_text()) if stamp.exists() else {}
+    pristine, coverage_map = sessions / f"{key}.py.orig", sessions / f"{key}.coverage.json"
+    shutil.copyfile(tree / module, pristine)
+    if not coverage_map.exists() or json.loads(coverage_map.read_text()).get("stamp") != stamp_now:
+        write_coverage_map(coverage_map, tree, module, tests, stamp_now)
+    select = [sys.executable, str(HERE / "select_tests.py"), module, str(pristine)]
     cr_cfg.write_text(
         "[cosmic-ray]\n"
         f"module-path = {json.dumps(module)}\n"
         f"timeout = {timeout:.1f}\n"
         "excluded-modules = []\n"
-        f"test-command = {json.dumps(shlex.join(pytest_command(tests)))}\n"
+        f"test-command = {json.dumps(shlex.join([*select, str(coverage_map), '--', *tests]))}\n"
         "[cosmic-ray.distributor]\n"
         'name = "local"\n'
     )
-    stamp_now = fingerprint(module, tests, cfg)
-    stamp_old = json.loads(stamp.read_text()) if stamp.exists() else {}
     if fresh or stamp_old.get("mutants") != stamp_now["mutants"]:
         db.unlink(missing_ok=True)
     cosmic_ray = [sys.executable, "-m", "cosmic_ray.cli"]

@@ -172,53 +172,63 @@ def test_a_file_larger_than_one_read_is_read_whole(tmp_path: Path) -> None:
 
 
 @needs_proc
-def test_a_file_longer_than_its_stat_size_is_read_to_its_end() -> None:
-    assert read_regular_file(PROC_FILE).startswith(b"Name:")
+def test_a_file_longer_than_its_stat_size_is_refused() -> None:
+    """A file whose bytes do not match the size ``fstat`` reports (here a /proc file, size 0)
+    is refused, never read on past that size."""
+    with pytest.raises(ZeroBatchIOError, match="changed size while it was read") as caught:
+        read_regular_file(PROC_FILE)
+    assert caught.value.errno == errno.EIO
 
 
-@needs_proc
-def test_a_file_that_grows_past_the_limit_is_refused() -> None:
-    """The limit holds against the bytes read, not only the size ``fstat`` reported."""
-    with pytest.raises(ZeroBatchIOError, match="more than the 10 bytes") as caught:
-        read_regular_file(PROC_FILE, limit=10)
-    assert caught.value.errno == errno.EFBIG
+def _change_after_stat(monkeypatch: pytest.MonkeyPatch, path: Path, size: int | None) -> None:
+    """Resize ``path`` (append one byte, or truncate to ``size``) right after the size that
+    ``read_regular_file`` reads by was taken: a file written in place while it is read."""
+    real_fstat = os.fstat
+    calls = []
+
+    def fstat(fd: int) -> os.stat_result:
+        result = real_fstat(fd)
+        calls.append(fd)
+        if len(calls) == 2:  # the first is open_regular_file's check of the file's kind
+            if size is None:
+                with path.open("ab") as f:
+                    f.write(b"!")
+            else:
+                os.truncate(path, size)
+        return result
+
+    monkeypatch.setattr(os, "fstat", fstat)
 
 
-def _grow_on_first_read(monkeypatch: pytest.MonkeyPatch, path: Path, extra: bytes) -> None:
-    """Append ``extra`` to ``path`` after its size was taken and before its first byte is read
-    (a file that a writer extends while it is being read), and return at most 10 bytes a read,
-    as ``read`` may."""
-    real_read = os.read
-    grown = []
-
-    def read(fd: int, n: int) -> bytes:
-        if not grown:
-            grown.append(True)
-            with path.open("ab") as f:
-                f.write(extra)
-        return real_read(fd, min(n, 10))
-
-    monkeypatch.setattr(os, "read", read)
+@pytest.mark.parametrize("limit", [None, 1000])
+def test_a_file_that_grows_while_it_is_read_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: int | None
+) -> None:
+    path = tmp_path / "manifest.json"
+    path.write_bytes(b"m" * 100)
+    _change_after_stat(monkeypatch, path, None)
+    with pytest.raises(ZeroBatchIOError, match=r"changed size .*100 bytes when opened") as caught:
+        read_regular_file(path, limit=limit)
+    assert caught.value.errno == errno.EIO
+    assert caught.value.filename == str(path)
 
 
-def test_a_file_that_grows_one_byte_past_the_limit_is_refused(
+def test_a_file_that_shrinks_while_it_is_read_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "manifest.json"
     path.write_bytes(b"m" * 100)
-    _grow_on_first_read(monkeypatch, path, b"!")
-    with pytest.raises(ZeroBatchIOError, match="more than the 100 bytes") as caught:
-        read_regular_file(path, limit=100)
-    assert caught.value.errno == errno.EFBIG
+    _change_after_stat(monkeypatch, path, 60)
+    with pytest.raises(ZeroBatchIOError, match="changed size while it was read") as caught:
+        read_regular_file(path)
+    assert caught.value.errno == errno.EIO
 
 
-def test_a_file_that_grows_within_the_limit_is_read_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "manifest.json"
-    path.write_bytes(b"m" * 100)
-    _grow_on_first_read(monkeypatch, path, b"!")
-    assert read_regular_file(path, limit=101) == b"m" * 100 + b"!"
+def test_an_empty_file_reads_as_no_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "checksums.xxh3"
+    path.write_bytes(b"")
+    assert read_regular_file(path) == b""
+    assert read_regular_file(path, limit=0) == b""
 
 
 # -- redaction ---------------------------------------------------------------------------------

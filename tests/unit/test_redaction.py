@@ -67,6 +67,21 @@ def test_scrub_takes_linear_time_on_hostile_text() -> None:
         assert "u:p@" not in cleaned
 
 
+def test_scrub_finds_user_information_after_text_that_lowercases_longer() -> None:
+    """Positions are taken in the text itself: ``"İ".lower()`` is two characters, so positions
+    found in a lowercased copy would cut the wrong span of the original."""
+    pw = _password()
+    text = f"İİİİ see https://user:{pw}@host/x and İ https%3A%2F%2Fu%3A{pw}%40h%2Fp"
+    assert scrub(text) == "İİİİ see https://host/x and İ https%3A%2F%2Fh%2Fp"
+
+
+def test_scrub_cuts_an_encoded_authority_at_its_encoded_slash() -> None:
+    """In a percent-encoded URL the authority ends at ``%2F`` (any case): an ``%40`` after it
+    is in the path, not user information."""
+    assert scrub("https%3A%2F%2Fhost%2fpath%40x") == "https%3A%2F%2Fhost%2fpath%40x"
+    assert scrub("https%3a%2f%2fu%3Apw%40host%2Fpath%40x") == "https%3a%2f%2fhost%2Fpath%40x"
+
+
 def test_a_remembered_secret_is_scrubbed_alone_in_every_encoding() -> None:
     pw = _password() + '/é+ "x'  # characters that percent-encoding and JSON change
     url = "https://user:" + __import__("urllib.parse").parse.quote(pw, safe="") + "@host/ds"
