@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import functools
 import os
 import shutil
 import stat
@@ -56,19 +55,20 @@ _NO_EXCHANGE = frozenset(
 )
 
 
-@functools.cache
 def _libc_renameat2() -> Callable[..., int] | None:
     """libc's ``renameat2``, or ``None`` off Linux or where the C library lacks it."""
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     fn.restype = ctypes.c_int
     result: Callable[..., int] = fn
     return result
+
+
+_RENAMEAT2 = _libc_renameat2()
 
 
 def exchange_paths(a: str, b: str) -> bool:
@@ -78,7 +78,7 @@ def exchange_paths(a: str, b: str) -> bool:
     library, a file system or mount point that refuses it); the caller then falls back to two
     renames. Other errors raise ``OSError``.
     """
-    fn = _libc_renameat2()
+    fn = _RENAMEAT2
     if fn is None:
         return False
     if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
@@ -90,7 +90,7 @@ def exchange_paths(a: str, b: str) -> bool:
 
 
 def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -101,17 +101,9 @@ def _lock_directory(path: str) -> int | None:
     """An open descriptor of directory ``path`` holding its exclusive ``flock``; ``None`` if
     another process holds it (a live writer's staging directory) or it cannot be opened."""
     try:
-        fd = os.open(
-            path,
-            os.O_RDONLY
-            | getattr(os, "O_DIRECTORY", 0)
-            | getattr(os, "O_NOFOLLOW", 0)
-            | os.O_CLOEXEC,
-        )
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
-    if sys.platform == "win32":  # pragma: no cover - no flock there; staging is Linux-first
-        return fd
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -28,12 +28,14 @@ from typing import Any
 from zerobatch_spec.live import (
     DESCRIPTOR_NAME,
     Descriptor,
+    LiveCode,
     LiveManifest,
     LiveViolation,
+    manifest_name,
     parse_descriptor,
 )
 
-from .live_manifests import LiveError, LiveTimeoutError, ManifestChain
+from .live_manifests import ChainError, LiveError, LiveTimeoutError, ManifestChain
 from .order import BlockOrder, Order
 from .remote import BatchObject, RemoteSource, RemoteVerify
 from .storage import Store, open_store
@@ -83,10 +85,27 @@ class LiveSource(RemoteSource):
         self._extend(self.current, self.current.start)
 
     def _extend(self, manifest: LiveManifest, since: int) -> None:
-        """Add the entries of ``manifest`` from global batch ``since`` on."""
+        """Add the entries of ``manifest`` from global batch ``since`` (the end of the entries
+        known) on. Each must start where the one before it ends: an entry across that end
+        goes back on what an earlier version listed (``ChainError``); one after it means the
+        batches between were reclaimed before this source read a version listing them
+        (``LiveError``). Either way nothing is added, so no batch is served from the wrong
+        slot."""
         for e in self.chain.entries(manifest, since):
-            if e.first < self._firsts[-1]:
-                continue
+            end = self._firsts[-1]
+            if e.first < end:
+                raise ChainError(
+                    f"{self.store.where(manifest_name(manifest.version))}: "
+                    f"{LiveCode.NOT_SUCCESSOR.value}: {e.name}: global batches {e.first}.."
+                    f"{e.end - 1} cross the end {end} of the entries of version "
+                    f"{self.current.version}: it goes back on what that version listed"
+                )
+            if e.first > end:
+                raise LiveError(
+                    f"{self.path}: global batches {end}..{e.first - 1} were reclaimed before "
+                    f"this reader read a version listing them (manifest version "
+                    f"{manifest.version} starts at {manifest.start})"
+                )
             self._add(
                 BatchObject(
                     e.name,
@@ -143,7 +162,7 @@ class LiveSource(RemoteSource):
         return self._firsts[0] <= index < self._firsts[-1]
 
     def _missing(self, index: int) -> int:
-        if index < self._firsts[0]:
+        if index < self.start:
             raise LiveError(
                 f"{self.path}: global batch {index} was reclaimed (the dataset now starts at "
                 f"{self._firsts[0]}): was it read from a checkpoint retention no longer keeps?"

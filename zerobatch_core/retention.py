@@ -428,7 +428,6 @@ def reclaim(
     report.watermark, report.version, report.start = low, latest.version, latest.start
 
     def drop(kind: str, key: str) -> None:
-        size = 0
         try:
             size = store.size(key)
         except FileNotFoundError:
@@ -537,8 +536,8 @@ def _stale_temporaries(root: str, before: float) -> list[tuple[str, int]]:
             path = os.path.join(directory, name)
             try:
                 info = os.lstat(path)
-            except FileNotFoundError:
-                continue
+            except FileNotFoundError:  # removed since the directory was listed
+                continue  # by another run: nothing left to remove
             if stat.S_ISREG(info.st_mode) and info.st_mtime < before:
                 out.append((path, info.st_size))
     return out

@@ -11,9 +11,14 @@ two-rename fallback, and check what the directory holds with ``validate_dataset`
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
 import os
+import shutil
 import stat
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +38,7 @@ from zerobatch_core import (
 )
 from zerobatch_core.cli import main
 from zerobatch_core.dataset_build import create_dataset, write_sharded_dataset
-from zerobatch_core.errors import WriteError
+from zerobatch_core.errors import WriteError, ZeroBatchIOError
 
 B, T = 4, 6
 
@@ -324,13 +329,97 @@ def test_dataset_create_command_names_every_bad_name_as_a_usage_error(
     assert not (out / MANIFEST_NAME).exists()
 
 
-def test_exchange_paths_swaps_two_directories_in_one_step(tmp_path: Path) -> None:
+def _kernel_exchanges(tmp_path: Path) -> bool:
+    """Whether this kernel and file system swap two directories with ``renameat2``
+    (``RENAME_EXCHANGE``), probed with the C library directly on two scratch directories."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if not sys.platform.startswith("linux") or fn is None:
+        return False
+    x, y = tmp_path / "probe-x", tmp_path / "probe-y"
+    x.mkdir()
+    y.mkdir()
+    return bool(fn(-100, os.fsencode(x), -100, os.fsencode(y), 2) == 0)
+
+
+def test_exchange_paths_swaps_two_directories_in_one_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Wherever the system can swap in one step, ``exchange_paths`` does (relative paths
+    resolve from the working directory); elsewhere it says so and changes nothing."""
+    can = _kernel_exchanges(tmp_path)
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
     (a / "from-a").write_text("a")
-    if not dataset_replace.exchange_paths(str(a), str(b)):
-        pytest.skip("no RENAME_EXCHANGE on this system or file system (the fallback is tested)")
-    assert os.listdir(a) == [] and os.listdir(b) == ["from-a"]
-    with pytest.raises(FileNotFoundError):
-        dataset_replace.exchange_paths(str(a), str(tmp_path / "missing"))
+    monkeypatch.chdir(tmp_path)
+    assert dataset_replace.exchange_paths("a", "b") is can
+    assert (os.listdir(a), os.listdir(b)) == (([], ["from-a"]) if can else (["from-a"], []))
+    if can:
+        with pytest.raises(FileNotFoundError):
+            dataset_replace.exchange_paths(str(a), str(tmp_path / "missing"))
+
+
+def test_exchange_paths_across_file_systems_changes_nothing(tmp_path: Path) -> None:
+    """Directories on two file systems cannot be swapped in one step: ``False`` (the caller
+    falls back to two renames), both left as they were."""
+    other = Path("/dev/shm")
+    if not other.is_dir() or other.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second file system to swap across")
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "from-a").write_text("a")
+    b = Path(tempfile.mkdtemp(dir=other))
+    try:
+        assert dataset_replace.exchange_paths(str(a), str(b)) is False
+        assert os.listdir(a) == ["from-a"] and os.listdir(b) == []
+    finally:
+        shutil.rmtree(b)
+
+
+def test_a_directory_lock_is_exclusive_and_never_follows_a_link(tmp_path: Path) -> None:
+    """``_lock_directory`` holds an exclusive lock on a real directory (a second locker gets
+    ``None``) through a descriptor that no child process inherits; a symbolic link or a
+    regular file under the name gets ``None``."""
+    d = tmp_path / "staging"
+    d.mkdir()
+    fd = dataset_replace._lock_directory(str(d))
+    assert fd is not None
+    try:
+        assert not os.get_inheritable(fd)
+        assert dataset_replace._lock_directory(str(d)) is None
+    finally:
+        os.close(fd)
+    again = dataset_replace._lock_directory(str(d))
+    assert again is not None
+    os.close(again)
+    (tmp_path / "link").symlink_to(d, target_is_directory=True)
+    (tmp_path / "file").write_text("x")
+    assert dataset_replace._lock_directory(str(tmp_path / "link")) is None
+    assert dataset_replace._lock_directory(str(tmp_path / "file")) is None
+
+
+@pytest.mark.parametrize("count", [5, 6])
+def test_refused_entries_are_named_up_to_five(tmp_path: Path, count: int) -> None:
+    out = tmp_path / "ds"
+    sharded(out, 16)
+    names = [f"sub{i}" for i in range(count)]
+    for n in names:
+        (out / n).mkdir()
+    with pytest.raises(WriteError) as caught:
+        sharded(out, 8, overwrite=True)
+    text = str(caught.value)
+    assert all(f"{n}/" in text for n in names[:5])
+    assert ("sub5/" in text, ", ..." in text) == (False, count > 5)
+
+
+def test_a_staging_directory_that_cannot_be_made_is_reported_with_its_errno(
+    tmp_path: Path,
+) -> None:
+    """A dataset name long enough that the staging name beside it passes the file system's
+    limit: the error keeps the system's errno and names the dataset."""
+    out = tmp_path / ("d" * 240)
+    sharded(out, 16)
+    with pytest.raises(ZeroBatchIOError, match="while creating the staging directory") as caught:
+        sharded(out, 8, overwrite=True)
+    assert caught.value.errno == errno.ENAMETOOLONG
+    assert valid(out)
