@@ -370,6 +370,8 @@ class DatasetReader(Closing):
             elif shard not in pending:
                 while len(pending) >= OPEN_AHEAD:
                     self._adopt(*pending.popitem(last=False))
+                if self.closed:  # by another thread meanwhile: open no shard it cannot close
+                    return
                 pending[shard] = _opener().submit(self._open_ahead, shard, local, local + n)
             start += n
 

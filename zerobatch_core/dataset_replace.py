@@ -80,7 +80,7 @@ def exchange_paths(a: str, b: str) -> bool:
     """
     fn = _RENAMEAT2
     if fn is None:
-        return False
+        return False  # not Linux, or a C library without renameat2
     if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
     code = ctypes.get_errno()
@@ -130,8 +130,8 @@ def refuse_aside(path: str) -> None:
     if aside:
         raise WriteError(
             f"{path}: an earlier overwrite was interrupted and left the dataset it replaced at "
-            f"{aside[0]} (possibly its only copy): rename it back to {path} if {path} is "
-            "missing or not the dataset you want, or remove it, then write again"
+            f"{', '.join(aside)} (possibly its only copy): rename it back to {path} if {path} "
+            "is missing or not the dataset you want, or remove it, then write again"
         )
 
 
@@ -231,7 +231,7 @@ class StagedReplacement:
             else:
                 try:
                     os.link(old, new, follow_symlinks=False)
-                except OSError as e:
+                except OSError as e:  # a file system without hard links
                     if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP):
                         raise
                     shutil.copy2(old, new, follow_symlinks=False)  # no hard links here

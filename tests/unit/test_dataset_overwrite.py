@@ -252,6 +252,83 @@ def test_a_dataset_moved_aside_by_an_interrupted_fallback_is_reported_never_remo
     assert (aside / MANIFEST_NAME).read_bytes() == old and valid(aside)
 
 
+def test_every_dataset_moved_aside_is_named(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    sharded(out, 16)
+    for tag in ("aaaa0001", "bbbb0002"):
+        (tmp_path / f".ds.zerobatch-old-{tag}").mkdir()
+    with pytest.raises(WriteError) as caught:
+        sharded(out, 8, overwrite=True)
+    assert "zerobatch-old-aaaa0001" in str(caught.value)
+    assert "zerobatch-old-bbbb0002" in str(caught.value)
+
+
+def test_a_fallback_interrupted_between_its_renames_puts_the_old_dataset_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C after the old dataset was renamed aside and before the new one took its
+    place: the old dataset is renamed back, whole, and nothing is left beside it."""
+    monkeypatch.setattr(dataset_replace, "exchange_paths", lambda a, b: False)
+    out = tmp_path / "ds"
+    old = sharded(out, 16)
+    real_rename = os.rename
+    calls = []
+
+    def rename(src: str, dst: str) -> None:
+        calls.append((src, dst))
+        if len(calls) == 2:  # the staged dataset into place
+            raise KeyboardInterrupt
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        sharded(out, 8, offset=1, overwrite=True)
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert (out / MANIFEST_NAME).read_bytes() == old and valid(out)
+    assert not [n for n in siblings(out) if "zerobatch-old" in n]
+
+
+def test_a_live_writers_staging_does_not_stop_the_removal_of_dead_ones(tmp_path: Path) -> None:
+    """Stale staging directories are each judged by their own lock: one held by a live writer
+    (listed first here) is left, the dead ones after it are still removed."""
+    out = tmp_path / "ds"
+    sharded(out, 16)
+    live = tmp_path / ".ds.zerobatch-new-aaaa0001"
+    dead = [tmp_path / ".ds.zerobatch-new-bbbb0002", tmp_path / ".ds.zerobatch-new-cccc0003"]
+    for d in (live, *dead):
+        d.mkdir()
+        (d / "shard-00000.batch").write_bytes(b"partial")
+    fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        sharded(out, 24, overwrite=True)
+        assert siblings(out) == [live.name]
+    finally:
+        os.close(fd)
+
+
+def test_a_file_added_while_create_overwrite_runs_is_carried_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dataset create --overwrite`` carries the user's files before it checksums the shards
+    and again at its commit: a file written into the old directory meanwhile (sorted after
+    one already carried) is in the new dataset, not lost with the replaced directory."""
+    out = tmp_path / "ds"
+    sharded(out, 16)
+    (out / "a-notes.txt").write_text("a")
+    real_describe = dataset_build._describe
+
+    def describe(*args: Any, **kwargs: Any) -> Any:
+        result = real_describe(*args, **kwargs)
+        (out / "b-notes.txt").write_text("b")  # written while the overwrite runs
+        return result
+
+    monkeypatch.setattr(dataset_build, "_describe", describe)
+    create_dataset(out, overwrite=True)
+    assert valid(out)
+    assert (out / "a-notes.txt").read_text() == "a" and (out / "b-notes.txt").read_text() == "b"
+
+
 def test_the_next_write_removes_stale_staging_but_not_a_live_writers(tmp_path: Path) -> None:
     out = tmp_path / "ds"
     sharded(out, 16)

@@ -3,15 +3,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import gc
+import os
+import threading
+import time
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from zerobatch_spec.dataset import Source
+from zerobatch_spec.dataset import MANIFEST_NAME, DatasetCode, Source
 
 from tests.helpers import records
-from zerobatch_core import trace_step, write_batch_file, write_sharded_dataset
+from zerobatch_core import (
+    BatchFileReader,
+    DatasetError,
+    DatasetReader,
+    FormatError,
+    trace_step,
+    write_batch_file,
+    write_sharded_dataset,
+)
+from zerobatch_core.dataset import _opener
+from zerobatch_core.errors import ZeroBatchIOError
 from zerobatch_core.provenance import RowOrigin, TraceError, TracePiece
 from zerobatch_core.slicing import Slicing
 
@@ -194,3 +212,301 @@ def test_records_outside_every_source_and_empty_sources_name_no_file(tmp_path: P
 def test_the_trace_text_says_whether_the_order_is_shuffled(one_file: Path) -> None:
     assert trace_step(one_file, 0).lines()[1].endswith("shuffled")
     assert trace_step(one_file, 0, shuffle=False).lines()[1].endswith("storage order")
+
+
+# -- dataset reader ----------------------------------------------------------------------------
+
+
+def _one_slot_shards(directory: Path, shards: int) -> Path:
+    """A dataset of ``shards`` shards of one slot each (4 records of 2 tokens a slot)."""
+    write_sharded_dataset(
+        directory, [records(4 * shards, 2)], batch_size=4, seq_len=2, shard_batches=1, seed=9
+    )
+    return directory
+
+
+def _open_shard_numbers(directory: Path) -> set[int]:
+    """Numbers of the shards of ``directory`` this process holds open once every queued
+    background open and close has run and no read-ahead hint still holds a descriptor."""
+    gc.collect()
+    _opener().submit(lambda: None).result()  # one thread, in order: every queued task is done
+
+    def shards_open() -> set[int]:
+        found = set()
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+                if target.parent == directory and target.name.startswith("shard-"):
+                    found.add(int(target.name[len("shard-") : -len(".batch")]))
+        return found
+
+    now, deadline = shards_open(), time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        later = shards_open()
+        if later == now:
+            break
+        now = later
+    return now
+
+
+@pytest.fixture
+def dataset3(tmp_path: Path) -> Path:
+    """A dataset of 4 shards of 3 slots (4 records of 2 tokens a slot)."""
+    path = tmp_path / "ds3"
+    write_sharded_dataset(path, [records(48, 2)], batch_size=4, seq_len=2, shard_batches=3, seed=9)
+    return path
+
+
+class _RecordingDataset(DatasetReader):
+    """A dataset that logs the shards it opens and the read-ahead ranges it asks them for."""
+
+    def __init__(self, path: Path, **kwargs: Any) -> None:
+        self.opened: list[int] = []
+        self.hints: list[tuple[int, int, int]] = []
+        super().__init__(path, **kwargs)
+
+    def _open_shard(self, shard: int) -> BatchFileReader:
+        reader = super()._open_shard(shard)
+        self.opened.append(shard)
+        hint = reader.read_ahead
+
+        def read_ahead(start: int, stop: int) -> None:
+            self.hints.append((shard, start, stop))
+            hint(start, stop)
+
+        reader.read_ahead = read_ahead  # type: ignore[method-assign]
+        return reader
+
+
+def test_a_dataset_keeps_32_shards_open_by_default_as_the_readme_says(tmp_path: Path) -> None:
+    """README, "Limits": "A dataset keeps at most `max_open` shards open (32 by default)"."""
+    path = _one_slot_shards(tmp_path / "ds", 34)
+    with DatasetReader(path, verify="off") as ds:
+        for i in range(34):
+            ds.read_batch(i)
+        assert _open_shard_numbers(path) == set(range(2, 34))
+
+
+@pytest.mark.parametrize("max_open", [True, 0, -1, 1.5, "2"])
+def test_max_open_must_be_a_positive_integer(tmp_path: Path, max_open: Any) -> None:
+    path = _one_slot_shards(tmp_path / "ds", 2)
+    with pytest.raises(ValueError, match="max_open must be a positive integer"):
+        DatasetReader(path, max_open=max_open)
+
+
+def test_a_max_open_of_one_keeps_only_the_shard_last_read(tmp_path: Path) -> None:
+    path = _one_slot_shards(tmp_path / "ds", 3)
+    tokens = records(12, 2)
+    with DatasetReader(path, max_open=1) as ds:
+        for i in range(3):
+            assert sorted(ds.read_batch(i).tolist()) == sorted(tokens[4 * i : 4 * i + 4].tolist())
+        assert _open_shard_numbers(path) == {2}
+
+
+def test_the_least_recently_used_shards_are_closed_past_max_open(tmp_path: Path) -> None:
+    path = _one_slot_shards(tmp_path / "ds", 4)
+    with DatasetReader(path, max_open=2, verify="off") as ds:
+        for i in (0, 1, 2):
+            ds.read_batch(i)
+        assert _open_shard_numbers(path) == {1, 2}
+        ds.read_batch(1)  # now 2 is the least recently used
+        ds.read_batch(3)
+        assert _open_shard_numbers(path) == {1, 3}
+
+
+def test_read_ahead_opens_at_most_the_next_two_shards_as_the_readme_says(tmp_path: Path) -> None:
+    """README, "Limits": at most `max_open` shards open "plus the next two, which a background
+    thread opens": reading six shards ahead with max_open=1 leaves the last three open, the
+    earlier ones opened and closed in order."""
+    path = _one_slot_shards(tmp_path / "ds", 6)
+    tokens = records(24, 2)
+    with DatasetReader(path, max_open=1) as ds:
+        ds.read_ahead(0, 6)
+        assert _open_shard_numbers(path) == {3, 4, 5}
+        for i in range(6):
+            assert sorted(ds.read_batch(i).tolist()) == sorted(tokens[4 * i : 4 * i + 4].tolist())
+
+
+def test_a_shard_opened_ahead_and_not_read_is_closed_before_shards_in_use(tmp_path: Path) -> None:
+    """Shard 0 is in use; shards 1..3 are opened ahead; reading shard 2 pushes past max_open=2,
+    and the shard that goes is 1 (opened ahead, never read), not 0."""
+    path = _one_slot_shards(tmp_path / "ds", 4)
+    with DatasetReader(path, max_open=2, verify="off") as ds:
+        ds.read_batch(0)
+        ds.read_ahead(1, 4)
+        ds.read_batch(2)
+        assert _open_shard_numbers(path) == {0, 2, 3}
+
+
+def test_bytes_read_starts_at_zero_and_counts_each_verified_slot_once(tmp_path: Path) -> None:
+    path = _one_slot_shards(tmp_path / "ds", 2)
+    with DatasetReader(path) as ds:
+        assert ds.bytes_read == 0
+        ds.read_batch(1)
+        slot = ds.shard(1).padded_batch_bytes
+        assert ds.bytes_read == slot
+        ds.read_batch(1)  # "first": checked once
+        ds.read_batch(0)
+        assert ds.bytes_read == 2 * slot
+
+
+@pytest.mark.parametrize("index", [-1, 3])
+def test_slots_outside_the_dataset_are_refused(tmp_path: Path, index: int) -> None:
+    path = _one_slot_shards(tmp_path / "ds", 3)
+    with DatasetReader(path) as ds:
+        with pytest.raises(IndexError, match=f"slot {index} out of range for 3"):
+            ds.locate(index)
+        with pytest.raises(IndexError):
+            ds.read_batch(index)
+
+
+def test_check_size_checks_the_shard_of_slot_zero_by_default(tmp_path: Path) -> None:
+    path = _one_slot_shards(tmp_path / "ds", 3)
+    with DatasetReader(path) as ds:
+        ds.read_batch(0)
+        ds.read_batch(1)
+        ds.check_size()  # intact
+        first = path / ds.shards[0].name
+        os.truncate(first, first.stat().st_size - 1)
+        ds.check_size(1)  # shard 1 is intact
+        with pytest.raises(FormatError, match="truncated"):
+            ds.check_size()
+
+
+def test_a_closed_dataset_reads_nothing_and_holds_no_shard_open(tmp_path: Path) -> None:
+    path = _one_slot_shards(tmp_path / "ds", 3)
+    ds = DatasetReader(path)
+    ds.read_batch(0)
+    ds.close()
+    assert ds.closed
+    with pytest.raises(ValueError, match="reader is closed"):
+        ds.read_batch(1)
+    with pytest.raises(ValueError, match="reader is closed"):
+        ds.read_batch(0)
+    assert _open_shard_numbers(path) == set()
+
+
+def test_close_waits_for_and_closes_the_shards_being_opened_ahead(tmp_path: Path) -> None:
+    """The shard-opening thread is held busy, so the two shards asked for ahead are still to
+    be opened when ``close`` is called: it returns only once they are opened and closed."""
+    path = _one_slot_shards(tmp_path / "ds", 3)
+    ds = _RecordingDataset(path)
+    gate = threading.Event()
+    _opener().submit(gate.wait, 10.0)
+    ds.read_ahead(0, 2)
+    timer = threading.Timer(0.2, gate.set)
+    timer.start()
+    ds.close()
+    opened_before_close_returned = list(ds.opened)
+    timer.join()
+    assert opened_before_close_returned == [0, 1]
+    assert _open_shard_numbers(path) == set()
+
+
+def test_a_shard_that_cannot_be_looked_up_is_a_named_dataset_error(tmp_path: Path) -> None:
+    """A shard replaced by a symbolic link to itself (``stat`` fails with ELOOP, not ENOENT)."""
+    path = _one_slot_shards(tmp_path / "ds", 2)
+    with DatasetReader(path) as ds:
+        shard = path / ds.shards[1].name
+        shard.unlink()
+        shard.symlink_to(shard.name)
+        ds.read_batch(0)
+        with pytest.raises(DatasetError, match="cannot be read") as e:
+            ds.read_batch(1)
+        assert e.value.code is DatasetCode.SHARD_MISSING
+
+
+def test_reading_ahead_over_a_missing_shard_raises_only_when_it_is_read(tmp_path: Path) -> None:
+    path = _one_slot_shards(tmp_path / "ds", 4)
+    (path / "shard-00000.batch").unlink()
+    with DatasetReader(path) as ds:
+        ds.read_ahead(0, 4)  # shard 0's open fails on the opening thread: nobody asked yet
+        assert ds.read_batch(3).shape == (4, 2)
+        with pytest.raises(DatasetError, match="not found"):
+            ds.read_batch(0)
+
+
+def test_read_ahead_asks_each_shard_for_exactly_its_part_of_the_range(dataset3: Path) -> None:
+    """Shards of 3 slots: a range inside one shard, and one spanning three shards, asked of
+    shards already open and of shards opened ahead."""
+    with _RecordingDataset(dataset3, verify="off") as ds:
+        ds.read_batch(0)
+        ds.read_batch(3)
+        ds.read_ahead(1, 2)
+        ds.read_ahead(4, 11)
+        _opener().submit(lambda: None).result()
+        assert ds.hints == [(0, 1, 2), (1, 1, 3), (2, 0, 3), (3, 0, 2)]
+
+
+def test_read_ahead_from_a_shard_not_open_asks_for_the_rest_of_the_range(dataset3: Path) -> None:
+    with _RecordingDataset(dataset3, verify="off") as ds:
+        ds.read_ahead(2, 4)
+        _opener().submit(lambda: None).result()
+        assert ds.hints == [(0, 2, 3), (1, 0, 1)]
+
+
+def test_a_process_reading_datasets_has_one_shard_opening_thread(tmp_path: Path) -> None:
+    """README, "Limits": "A process reading a dataset has one such thread"."""
+    a, b = _one_slot_shards(tmp_path / "a", 6), _one_slot_shards(tmp_path / "b", 6)
+    with DatasetReader(a) as da, DatasetReader(b) as db:
+        for _ in range(3):
+            da.read_ahead(0, 6)
+            db.read_ahead(0, 6)
+        threads = [t for t in threading.enumerate() if t.name.startswith("zerobatch-shards")]
+        assert len(threads) == 1
+
+
+def test_a_long_pass_keeps_no_record_of_shards_closed_long_ago(tmp_path: Path) -> None:
+    """Each shard left behind past max_open is closed in the background; once that close is
+    done, nothing of it is kept, so a pass over any number of shards holds bounded memory."""
+    path = _one_slot_shards(tmp_path / "ds", 60)
+
+    def futures_alive() -> int:
+        gc.collect()
+        return sum(isinstance(o, Future) for o in gc.get_objects())
+
+    with DatasetReader(path, max_open=1, verify="off") as ds:
+        before = futures_alive()
+        for i in range(60):
+            ds.read_batch(i)
+            _opener().submit(lambda: None).result()  # the shard left behind is now closed
+        assert futures_alive() - before <= 2
+
+
+class _ClosedWhileAdopting(DatasetReader):
+    """A dataset that another thread closes just as ``read_ahead`` takes in a shard it had
+    opened ahead (the shard's open is done, the dataset closed before it is kept)."""
+
+    def _adopt(self, shard: int, pending: Future[BatchFileReader]) -> None:
+        pending.result()
+        closer = threading.Thread(target=self.close)
+        closer.start()
+        closer.join()
+        super()._adopt(shard, pending)
+
+
+def test_a_dataset_closed_during_read_ahead_keeps_no_shard_open(tmp_path: Path) -> None:
+    path = _one_slot_shards(tmp_path / "ds", 3)
+    ds = _ClosedWhileAdopting(path)
+    ds.read_ahead(0, 3)  # shards 0 and 1 opened ahead; shard 2 makes room by taking in 0
+    assert ds.closed
+    assert _open_shard_numbers(path) == set()
+    with pytest.raises(ValueError, match="reader is closed"):
+        ds.read_batch(0)
+
+
+def test_a_manifest_of_64_mib_opens_and_one_byte_more_is_refused(tmp_path: Path) -> None:
+    """SPEC.md 12.1 and README "Limitations": a dataset's manifest.json may be at most 64 MiB
+    (here a real manifest padded with JSON whitespace); a larger one is refused unread."""
+    path = _one_slot_shards(tmp_path / "ds", 1)
+    manifest = path / MANIFEST_NAME
+    with open(manifest, "ab") as f:
+        f.write(b" " * ((64 << 20) - manifest.stat().st_size))
+    with DatasetReader(path) as ds:
+        assert ds.num_batches == 1
+    with open(manifest, "ab") as f:
+        f.write(b" ")
+    with pytest.raises(ZeroBatchIOError, match="more than the 67,108,864 this file may have") as e:
+        DatasetReader(path)
+    assert e.value.errno == errno.EFBIG
