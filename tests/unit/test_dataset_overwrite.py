@@ -15,6 +15,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import re
 import shutil
 import stat
 import sys
@@ -284,6 +285,9 @@ def test_a_fallback_interrupted_between_its_renames_puts_the_old_dataset_back(
     with pytest.raises(KeyboardInterrupt):
         sharded(out, 8, offset=1, overwrite=True)
     monkeypatch.setattr(os, "rename", real_rename)
+    staged = os.path.basename(calls[1][0])  # .ds.zerobatch-new-RAND
+    assert os.path.basename(calls[0][1]) == f".ds.zerobatch-old-{staged[-8:]}"
+    assert re.fullmatch(r"\.ds\.zerobatch-new-\w{8}", staged)
     assert (out / MANIFEST_NAME).read_bytes() == old and valid(out)
     assert not [n for n in siblings(out) if "zerobatch-old" in n]
 
@@ -327,6 +331,45 @@ def test_a_file_added_while_create_overwrite_runs_is_carried_over(
     create_dataset(out, overwrite=True)
     assert valid(out)
     assert (out / "a-notes.txt").read_text() == "a" and (out / "b-notes.txt").read_text() == "b"
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_an_overwrite_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """The staging directory's lock is released (its descriptor closed) once the overwrite
+    commits, and when it fails."""
+    out = tmp_path / "ds"
+    sharded(out, 16)
+    before = _open_descriptors()
+    sharded(out, 8, offset=1, overwrite=True)
+    create_dataset(out, overwrite=True)
+    (out / "sub").mkdir()
+    with pytest.raises(WriteError):
+        sharded(out, 8, overwrite=True)
+    assert _open_descriptors() == before
+
+
+def test_a_file_at_its_hard_link_limit_is_copied_into_the_new_dataset(tmp_path: Path) -> None:
+    """A user file that cannot take one more hard link (the file system's link limit) is
+    copied instead, so the new dataset still has it and the old one is untouched."""
+    out = tmp_path / "ds"
+    sharded(out, 16)
+    notes = out / "notes.txt"
+    notes.write_text("notes")
+    limit = os.pathconf(notes, "PC_LINK_MAX")
+    if limit > 70_000:
+        pytest.skip(f"this file system allows {limit} links per file")
+    links = tmp_path / "links"
+    links.mkdir()
+    for i in range(limit - 1):
+        os.link(notes, links / str(i))
+    assert os.stat(notes).st_nlink == limit
+    sharded(out, 8, offset=1, overwrite=True)
+    assert valid(out) and (out / "notes.txt").read_text() == "notes"
+    assert os.stat(out / "notes.txt").st_nlink == 1  # a copy, not a link
 
 
 def test_the_next_write_removes_stale_staging_but_not_a_live_writers(tmp_path: Path) -> None:
@@ -499,4 +542,5 @@ def test_a_staging_directory_that_cannot_be_made_is_reported_with_its_errno(
     with pytest.raises(ZeroBatchIOError, match="while creating the staging directory") as caught:
         sharded(out, 8, overwrite=True)
     assert caught.value.errno == errno.ENAMETOOLONG
+    assert f"{os.strerror(errno.ENAMETOOLONG)} while creating the staging" in str(caught.value)
     assert valid(out)

@@ -236,7 +236,7 @@ def _open_shard_numbers(directory: Path) -> set[int]:
         for fd in os.listdir("/proc/self/fd"):
             with contextlib.suppress(OSError):
                 target = Path(os.readlink(f"/proc/self/fd/{fd}"))
-                if target.parent == directory and target.name.startswith("shard-"):
+                if target.parent == directory.resolve() and target.name.startswith("shard-"):
                     found.add(int(target.name[len("shard-") : -len(".batch")]))
         return found
 
@@ -280,7 +280,7 @@ class _RecordingDataset(DatasetReader):
 
 
 def test_a_dataset_keeps_32_shards_open_by_default_as_the_readme_says(tmp_path: Path) -> None:
-    """README, "Limits": "A dataset keeps at most `max_open` shards open (32 by default)"."""
+    """README, "Limitations": "A dataset keeps at most `max_open` shards open (32 by default)"."""
     path = _one_slot_shards(tmp_path / "ds", 34)
     with DatasetReader(path, verify="off") as ds:
         for i in range(34):
@@ -316,7 +316,7 @@ def test_the_least_recently_used_shards_are_closed_past_max_open(tmp_path: Path)
 
 
 def test_read_ahead_opens_at_most_the_next_two_shards_as_the_readme_says(tmp_path: Path) -> None:
-    """README, "Limits": at most `max_open` shards open "plus the next two, which a background
+    """README, "Limitations": at most `max_open` shards open "plus the next two, which a background
     thread opens": reading six shards ahead with max_open=1 leaves the last three open, the
     earlier ones opened and closed in order."""
     path = _one_slot_shards(tmp_path / "ds", 6)
@@ -447,7 +447,7 @@ def test_read_ahead_from_a_shard_not_open_asks_for_the_rest_of_the_range(dataset
 
 
 def test_a_process_reading_datasets_has_one_shard_opening_thread(tmp_path: Path) -> None:
-    """README, "Limits": "A process reading a dataset has one such thread"."""
+    """README, "Limitations": "A process reading a dataset has one such thread"."""
     a, b = _one_slot_shards(tmp_path / "a", 6), _one_slot_shards(tmp_path / "b", 6)
     with DatasetReader(a) as da, DatasetReader(b) as db:
         for _ in range(3):
