@@ -49,11 +49,11 @@ from .regular_files import read_regular_file
 Verify = Literal["off", "first", "always"]
 VERIFY_MODES: tuple[Verify, ...] = ("off", "first", "always")
 DEFAULT_MAX_OPEN = 32
+"""Shards kept open at once (each holds two descriptors, its own and its mapping's; a shard
+closed while its read-ahead hint runs keeps them until the hint ends)."""
 OPEN_AHEAD = 2
 """Shards opened ahead at once: the next block's while the current one's shard may still be
 opening (blocks never cross shards, so two cover a loop that enters a new shard every block)."""
-"""Shards kept open at once (each holds two descriptors, its own and its mapping's; a shard
-closed while its read-ahead hint runs keeps them until the hint ends)."""
 
 U32Array = npt.NDArray[np.uint32]
 
