@@ -216,7 +216,7 @@ class StagedReplacement:
         self.lock = _lock_directory(self.path)
         try:
             os.chmod(self.path, stat.S_IMODE(os.stat(self.target).st_mode))
-        except BaseException:
+        except BaseException:  # no staging directory is left behind
             self.discard()
             raise
 
@@ -250,8 +250,8 @@ class StagedReplacement:
             os.rename(self.target, aside)
             os.rename(self.path, self.target)
         except BaseException:
-            if os.path.lexists(aside) and not os.path.lexists(self.target):
-                with contextlib.suppress(OSError):
+            if not os.path.lexists(self.target):
+                with contextlib.suppress(OSError):  # aside too is missing if the first failed
                     os.rename(aside, self.target)  # back as it was
             raise
         _fsync_directory(parent)
@@ -265,9 +265,10 @@ class StagedReplacement:
             _fsync_directory(os.path.dirname(path))
 
     def discard(self) -> None:
-        """Remove the staging directory; the old dataset stays as it was."""
-        if os.path.isdir(self.path) and not os.path.islink(self.path):
-            shutil.rmtree(self.path, ignore_errors=True)
+        """Remove the staging directory; the old dataset stays as it was. (``rmtree`` removes
+        nothing through a symbolic link put in its place, and a missing directory is no
+        error.)"""
+        shutil.rmtree(self.path, ignore_errors=True)
         self.close()
 
     def close(self) -> None:

@@ -41,21 +41,21 @@ def _obstore() -> Any:
 _INVALID_PATH = re.compile(r'Path "(.+?)"(?:: | contained)')
 
 
-def _past_invalid(message: str, root: str | None) -> tuple[str, str | None]:
+def _past_invalid(message: str, root: str | None) -> tuple[str, str] | None:
     """The key an ``InvalidPathError`` names (relative to the store's ``root``), and the
     smallest listing offset past every key that shares its first ``.``, ``..`` or empty
-    segment (``None`` if there is none: the segment ends the key, or the message is not
+    segment; ``None`` if there is none (the segment ends the key, or the message is not
     understood). Keys sort bytewise and ``0`` follows ``/``, so ``a/../x`` gives ``a/..0``."""
     found = _INVALID_PATH.search(message)
     base = f"{root.strip('/')}/" if root else ""
     if found is None or not found.group(1).startswith(base):
-        return message[:200], None
+        return None
     key = found.group(1)[len(base) :]
     parts = key.split("/")
     for i, part in enumerate(parts[:-1]):
         if part in ("", ".", ".."):
             return key, "/".join([*parts[:i], part + "0"])
-    return key, None
+    return None
 
 
 class ObstoreStore(Store):
@@ -102,8 +102,8 @@ class ObstoreStore(Store):
     def _read_ranges(
         self, key: str, ranges: Sequence[tuple[int, int]], coalesce: int
     ) -> list[bytes]:
-        if len(ranges) == 1:
-            start, end = ranges[0]
+        (start, end), *more = ranges
+        if not more:
             return [bytes(self._obs.get_range(self._store, key, start=start, end=end))]
         parts = self._obs.get_ranges(
             self._store,
@@ -139,28 +139,28 @@ class ObstoreStore(Store):
 
     def _list(self, prefix: str) -> list[str]:
         # An object whose name has a ".", ".." or empty segment (no ZeroBatch writer makes
-        # one) fails the client's whole listing: list again key by key up to it, then from
-        # just past every key that shares the bad segment (``_past_invalid``). Those keys are
-        # left out, and named in ``unlisted``.
+        # one) fails the client's whole listing page: list again from just past every key
+        # that shares the bad segment (``_past_invalid``). Those keys are left out, and named
+        # in ``unlisted``. One key a chunk, so that every key of the pages before the failing
+        # one is kept (a larger chunk would drop the keys it had collected).
         keys: list[str] = []
         offset: str | None = None
-        size = 500
         while True:
             try:
                 for chunk in self._obs.list(
-                    self._store, prefix=prefix or None, offset=offset, chunk_size=size
+                    self._store, prefix=prefix or None, offset=offset, chunk_size=1
                 ):
                     keys.extend(str(meta["path"]) for meta in chunk)
                 break
             except self._exceptions.InvalidPathError as e:
-                if size > 1:  # the failing chunk's good keys are lost: again, one at a time
-                    size, offset = 1, keys[-1] if keys else offset
-                    continue
-                bad, skip = _past_invalid(str(e), self._store.prefix)
-                if skip is None or (offset is not None and skip <= offset):
+                past = _past_invalid(str(e), self._store.prefix)
+                if past is None:
                     raise
+                bad, skip = past
+                if offset is not None and skip <= offset:
+                    raise  # listed again from before the same key: it would never end
                 self.unlisted.add(bad)
-                size, offset = 500, skip
+                offset = skip
         return [k for k in keys if k.startswith(prefix)]
 
 
@@ -194,18 +194,19 @@ class FsspecStore(Store):
     def _size(self, key: str) -> int:
         return int(self.fs.size(self._path(key)))
 
-    def _write(self, key: str, data: bytes) -> None:
+    def _parent_made(self, key: str) -> str:
+        """The path of ``key``, its parent directory made (a local filesystem needs it)."""
         path = self._path(key)
-        parent = path.rsplit("/", 1)[0]
-        if parent and parent != path:
+        parent, _, _ = path.rpartition("/")
+        if parent:
             self.fs.makedirs(parent, exist_ok=True)
-        self.fs.pipe_file(path, data)
+        return path
+
+    def _write(self, key: str, data: bytes) -> None:
+        self.fs.pipe_file(self._parent_made(key), data)
 
     def _create(self, key: str, data: bytes) -> bool:
-        path = self._path(key)
-        parent = path.rsplit("/", 1)[0]
-        if parent and parent != path:
-            self.fs.makedirs(parent, exist_ok=True)
+        path = self._parent_made(key)
         try:
             self.fs.pipe_file(path, data, mode="create")
         except FileExistsError:

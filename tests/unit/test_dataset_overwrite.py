@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -370,6 +371,62 @@ def test_a_file_at_its_hard_link_limit_is_copied_into_the_new_dataset(tmp_path: 
     sharded(out, 8, offset=1, overwrite=True)
     assert valid(out) and (out / "notes.txt").read_text() == "notes"
     assert os.stat(out / "notes.txt").st_nlink == 1  # a copy, not a link
+
+
+def _immutable(path: Path, on: bool) -> bool:
+    """Mark ``path`` immutable (no link, rename or removal, even by root) or not; ``False``
+    where the file system or the tools cannot."""
+    chattr = shutil.which("chattr")
+    if chattr is None:
+        return False
+    done = subprocess.run([chattr, "+i" if on else "-i", str(path)], capture_output=True)
+    return done.returncode == 0
+
+
+@pytest.fixture
+def immutable_notes(tmp_path: Path) -> Iterator[Path]:
+    """A dataset whose directory holds ``notes.txt``, a user file marked immutable."""
+    out = tmp_path / "ds"
+    sharded(out, 16)
+    notes = out / "notes.txt"
+    notes.write_text("notes")
+    if not _immutable(notes, True):
+        pytest.skip("no immutable files here (chattr)")
+    marked = [notes]
+    yield out
+    for p in [*marked, *tmp_path.glob(".ds.zerobatch-*/notes.txt")]:
+        _immutable(p, False)
+
+
+def test_a_user_file_that_cannot_be_linked_is_copied_and_the_overwrite_commits(
+    immutable_notes: Path,
+) -> None:
+    """An immutable file cannot be hard linked (``EPERM``): it is copied into the new dataset.
+    The replaced directory then cannot be removed whole; the overwrite still succeeds (the
+    new dataset is committed) and the rest is left for a later write to retry."""
+    out = immutable_notes
+    new = sharded(out, 8, offset=1, overwrite=True)
+    assert (out / MANIFEST_NAME).read_bytes() == new and valid(out)
+    assert (out / "notes.txt").read_text() == "notes"
+
+
+def test_a_stale_staging_directory_that_cannot_be_removed_does_not_stop_a_write(
+    immutable_notes: Path,
+) -> None:
+    out = immutable_notes
+    sharded(out, 8, offset=1, overwrite=True)  # leaves the replaced directory half removed
+    stale = [n for n in siblings(out) if "zerobatch-new" in n]
+    assert stale  # holds the immutable file, so it cannot go
+    new = sharded(out, 24, overwrite=True)
+    assert (out / MANIFEST_NAME).read_bytes() == new and valid(out)
+    assert [n for n in siblings(out) if "zerobatch-new" in n] == stale
+
+
+def test_a_dataset_in_a_missing_directory_has_no_staging_or_aside_to_find(tmp_path: Path) -> None:
+    missing = tmp_path / "missing" / "ds"
+    dataset_replace.remove_stale_staging(missing)
+    dataset_replace.refuse_aside(str(missing))
+    assert not (tmp_path / "missing").exists()
 
 
 def test_the_next_write_removes_stale_staging_but_not_a_live_writers(tmp_path: Path) -> None:
