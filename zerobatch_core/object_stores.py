@@ -38,19 +38,16 @@ def _obstore() -> Any:
     return obstore
 
 
-_INVALID_PATH = re.compile(r'Path "(.+?)"(?:: | contained)')
-
-
 def _past_invalid(message: str, root: str | None) -> tuple[str, str] | None:
     """The key an ``InvalidPathError`` names (relative to the store's ``root``), and the
     smallest listing offset past every key that shares its first ``.``, ``..`` or empty
     segment; ``None`` if there is none (the segment ends the key, or the message is not
     understood). Keys sort bytewise and ``0`` follows ``/``, so ``a/../x`` gives ``a/..0``."""
-    found = _INVALID_PATH.search(message)
-    base = f"{root.strip('/')}/" if root else ""
-    if found is None or not found.group(1).startswith(base):
+    base = re.escape(f"{root.strip('/')}/") if root else ""
+    found = re.search(f'Path "{base}(.+?)"(?:: | contained)', message)
+    if found is None:
         return None
-    key = found.group(1)[len(base) :]
+    key = found.group(1)
     parts = key.split("/")
     for i, part in enumerate(parts[:-1]):
         if part in ("", ".", ".."):
@@ -142,7 +139,9 @@ class ObstoreStore(Store):
         # one) fails the client's whole listing page: list again from just past every key
         # that shares the bad segment (``_past_invalid``). Those keys are left out, and named
         # in ``unlisted``. One key a chunk, so that every key of the pages before the failing
-        # one is kept (a larger chunk would drop the keys it had collected).
+        # one is kept (a larger chunk would drop the keys it had collected). The good keys of
+        # the failing page that sort before the bad one are lost with it, unnamed: the client
+        # cannot ask for smaller pages (``chunk_size`` only splits what a page returned).
         keys: list[str] = []
         offset: str | None = None
         while True:

@@ -84,9 +84,11 @@ GOOD = ["d/b/y", "d/c", "d/g"]
 def test_a_listing_steps_past_keys_with_dot_or_empty_segments_and_names_them(
     s3_server: S3Server, bucket: str, root: str
 ) -> None:
-    """Every good key is listed, each odd one is left out, and ``unlisted`` names the first
-    key of each bad segment (relative to the store's root), at the root of a bucket or
-    below a prefix."""
+    """A listing steps past each key with a ``.``, ``..`` or empty segment, and past every key
+    that shares that segment, and goes on with the keys after them; ``unlisted`` names the
+    first key of each bad segment (relative to the store's root), at the root of a bucket or
+    below a prefix. (The good keys here all sort after the bad ones: a good key that shares
+    a failing listing page with a bad one and sorts before it is lost with it.)"""
     _put_raw(s3_server, bucket, ODD + GOOD)
     store = _obstore(f"s3://{bucket}/{root}")
     strip = len(root) + 1 if root else 0  # keys are relative to the store's root
@@ -183,6 +185,32 @@ def test_an_http_endpoint_is_allowed_without_tls(
     assert store.read("obj") == b"payload"
 
 
+# -- ObstoreStore reads and conditional creates ---------------------------------------------
+
+
+def test_obstore_range_reads_and_heads_serve_the_requested_bytes(bucket: str) -> None:
+    store = _obstore(f"s3://{bucket}/d")
+    data = bytes(range(100))
+    store.write("obj", data)
+    assert store.read_ranges("obj", [(10, 20)]) == [data[10:20]]
+    assert store.read_ranges("obj", [(0, 5), (50, 60), (90, 100)]) == [
+        data[0:5],
+        data[50:60],
+        data[90:100],
+    ]
+    assert store.read_head("obj", 8) == (data[:8], 100)
+    assert store.read_head("obj", 500) == (data, 100)  # a short object: all of it
+
+
+def test_obstore_create_takes_a_free_key_once(bucket: str) -> None:
+    """``create`` is ``If-None-Match: *``: the first call takes the key, the second finds it
+    taken and leaves the first bytes in place."""
+    store = _obstore(f"s3://{bucket}/d")
+    assert store.create("m/1.json", b"first") is True
+    assert store.create("m/1.json", b"second") is False
+    assert store.read("m/1.json") == b"first"
+
+
 # -- FsspecStore over fsspec's own filesystems --------------------------------------------
 
 
@@ -220,6 +248,8 @@ def test_fsspec_writes_make_the_parent_directories_on_a_local_filesystem(
     else:
         assert store.create("x/y/z.bin", b"data") is True
     assert (tmp_path / "root" / "x" / "y" / "z.bin").read_bytes() == b"data"
+    store.write("x/y/w.bin", b"more")  # into a directory that exists now
+    assert (tmp_path / "root" / "x" / "y" / "w.bin").read_bytes() == b"more"
 
 
 def test_fsspec_create_takes_a_free_key_once() -> None:
@@ -283,3 +313,22 @@ def test_fsspec_listing_filters_by_prefix_below_the_root() -> None:
     assert store.list_keys() == ["a/1", "a/2", "b/1"]
     assert store.list_keys("a/") == ["a/1", "a/2"]
     assert FsspecStore(fs, root + "/nothing-here").list_keys() == []
+
+
+def test_fsspec_listing_of_a_root_its_filesystem_says_is_missing_is_empty() -> None:
+    """Some filesystems' ``find`` raises ``FileNotFoundError`` for a root that does not exist
+    (s3fs for a missing bucket) where fsspec's own return nothing: both list no keys."""
+    require("fsspec")
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class BucketMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
+        def find(self, path: str, *args: Any, **kw: Any) -> Any:
+            if not self.exists(path):
+                raise FileNotFoundError(path)
+            return super().find(path, *args, **kw)
+
+    fs = BucketMemoryFileSystem()
+    root = _memory_root()
+    assert FsspecStore(fs, root).list_keys() == []
+    FsspecStore(fs, root).write("a", b"x")
+    assert FsspecStore(fs, root).list_keys() == ["a"]
