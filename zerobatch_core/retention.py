@@ -356,9 +356,23 @@ def verified_chain(chain: ManifestChain) -> list[LiveManifest]:
 def _trusted_watermarks(
     store: Store, dataset_id: str, committed: int, report: ReclaimReport
 ) -> list[tuple[int, str]]:
-    """``(batch, key)`` of every watermark that counts; the others go into ``report``."""
+    """``(batch, key)`` of every watermark that counts; the others go into ``report``.
+
+    ``LiveError`` if the listing stepped past a key the store's client cannot hold (a ``.``,
+    ``..`` or empty segment: ``unlisted``): such a key fails the client's whole listing page,
+    so the watermarks listed beside it may be missing, and a missing watermark would let
+    retention delete batches its checkpoint needs."""
+    before = set(getattr(store, "unlisted", ()))
+    keys = store.list_keys(WATERMARKS_PREFIX)
+    hiding = sorted(set(getattr(store, "unlisted", ())) - before)
+    if hiding:
+        raise LiveError(
+            f"{store.where(hiding[0])}: a key the object-store client cannot list (a '.', '..' "
+            "or empty segment) among the watermarks hides the watermarks listed beside it, so "
+            "retention refuses to delete anything until that object is removed"
+        )
     out = []
-    for key in store.list_keys(WATERMARKS_PREFIX):
+    for key in keys:
         found = parse_watermark_name(key)
         if found is None:
             continue

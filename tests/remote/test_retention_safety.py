@@ -25,7 +25,7 @@ from tests.remote.live_worker import B, T, batch, identify
 from zerobatch_core import BatchNativeLoader
 from zerobatch_core.cli import main
 from zerobatch_core.live import LiveProducer
-from zerobatch_core.live_manifests import ManifestChain
+from zerobatch_core.live_manifests import LiveError, ManifestChain
 from zerobatch_core.live_source import LiveSource
 from zerobatch_core.retention import (
     STALE_TEMPORARY_SECONDS,
@@ -275,7 +275,6 @@ def test_keys_with_dot_or_empty_segments_under_the_prefix_do_not_stop_reclaim(
         "segments//z.json",
         "batches/p-0/../w.batch",
         "manifests/./00000000000000000099.json",
-        "watermarks//trainer/00000000000000000001.json",
     ]
     for key in odd:
         client.put_object(Bucket=bucket, Key=f"live/{key}", Body=b"odd")
@@ -285,6 +284,32 @@ def test_keys_with_dot_or_empty_segments_under_the_prefix_do_not_stop_reclaim(
     for key in odd:
         client.head_object(Bucket=bucket, Key=f"live/{key}")  # still there
     assert readable(url, 6, 8)
+
+
+@pytest.mark.parametrize("bad", ["watermarks/aab/../x.json", "watermarks//trainer/1.json"])
+def test_a_key_that_hides_watermarks_makes_reclaim_refuse(
+    bucket: str, s3_server: Any, bad: str
+) -> None:
+    """The client fails a whole listing page on a key with a ``.``, ``..`` or empty segment,
+    losing the good keys listed beside it: a watermark among them would go uncounted, and
+    reclaim would delete the batches its checkpoint needs. So reclaim refuses, naming the
+    key, and deletes nothing."""
+    import boto3  # type: ignore[import-untyped]
+
+    url = f"s3://{bucket}/live"
+    produce(url, 8)
+    record_watermark(url, "aaa", state_at(url, 2))  # sorts just before the bad key
+    record_watermark(url, "trainer", state_at(url, 6))
+    client = boto3.client("s3", endpoint_url=s3_server.endpoint)
+    client.put_object(Bucket=bucket, Key=f"live/{bad}", Body=b"odd")
+    before = sorted(open_store(url).list_keys("batches/"))
+    with pytest.raises(LiveError, match=r"hides the watermarks") as caught:
+        reclaim(url)
+    assert bad in str(caught.value)
+    assert sorted(open_store(url).list_keys("batches/")) == before
+    assert readable(url, 2, 8)
+    client.delete_object(Bucket=bucket, Key=f"live/{bad}")
+    assert reclaim(url).watermark == 2
 
 
 def test_stale_temporary_files_are_removed_and_fresh_ones_kept(tmp_path: Path) -> None:
