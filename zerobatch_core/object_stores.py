@@ -123,10 +123,12 @@ class ObstoreStore(Store):
         self._obs.put(self._store, key, data)
 
     def _create(self, key: str, data: bytes) -> bool:
-        exc = self._exceptions
+        # S3 answers a taken key with 412, which obstore raises as AlreadyExistsError;
+        # PreconditionError is its answer to a failed If-Match, caught in case a store sends it.
+        taken = (self._exceptions.AlreadyExistsError, self._exceptions.PreconditionError)
         try:
             self._obs.put(self._store, key, data, mode="create")
-        except (exc.AlreadyExistsError, exc.PreconditionError):
+        except taken:
             return False
         return True
 
