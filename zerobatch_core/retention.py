@@ -367,9 +367,9 @@ def _trusted_watermarks(
     hiding = sorted(set(getattr(store, "unlisted", ())) - before)
     if hiding:
         raise LiveError(
-            f"{store.where(hiding[0])}: a key the object-store client cannot list (a '.', '..' "
-            "or empty segment) among the watermarks hides the watermarks listed beside it, so "
-            "retention refuses to delete anything until that object is removed"
+            f"{', '.join(store.where(k) for k in hiding)}: a key the object-store client cannot "
+            "list (a '.', '..' or empty segment) among the watermarks hides the watermarks "
+            "listed beside it, so retention refuses to delete anything until it is removed"
         )
     out = []
     for key in keys:

@@ -6,13 +6,20 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from zerobatch_spec.live import build_live_manifest, manifest_name
+from zerobatch_spec.live import (
+    DESCRIPTOR_NAME,
+    Descriptor,
+    LiveManifest,
+    build_live_manifest,
+    manifest_name,
+    parse_descriptor,
+)
 
 from tests.remote.live_worker import B, T, batch, identify
 from zerobatch_core import BatchNativeLoader, Position, live_source
@@ -254,3 +261,476 @@ def test_a_version_whose_entry_crosses_the_known_end_is_refused(tmp_path: Path) 
         with pytest.raises(ChainError, match=r"global batches 2\.\.3 cross the end 3"):
             source.read_batch(3)
         assert source.committed == 3
+
+
+# -- the manifest chain (live_manifests.py) -----------------------------------------------------
+class _Counting(LocalStore):
+    """A local store that counts listings and the reads of each key. ``before_list`` and
+    ``on_list`` (optional) run once, at the next listing, before or after the directory is
+    listed (a commit that lands between a read and a listing, or a listing and the reads
+    after it); ``phantom`` keys are listed though no file holds them (versions listed, then
+    reclaimed before they are read), those also in ``phantom_once`` by one listing only."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.listings = 0
+        self.reads: list[str] = []
+        self.on_list: Callable[[], None] | None = None
+        self.before_list: Callable[[], None] | None = None
+        self.phantom: list[str] = []
+        self.phantom_once: list[str] = []
+
+    def _read(self, key: str) -> bytes:
+        self.reads.append(key)
+        return super()._read(key)
+
+    def _list(self, prefix: str) -> list[str]:
+        self.listings += 1
+        before, self.before_list = self.before_list, None
+        if before is not None:
+            before()
+        out = super()._list(prefix) + [k for k in self.phantom if k.startswith(prefix)]
+        self.phantom = [k for k in self.phantom if k not in self.phantom_once]
+        hook, self.on_list = self.on_list, None
+        if hook is not None:
+            hook()
+        return out
+
+
+def _chain(path: str, store: LocalStore | None = None) -> ManifestChain:
+    store = store if store is not None else LocalStore(path)
+    descriptor = parse_descriptor(store.read(DESCRIPTOR_NAME))
+    assert isinstance(descriptor, Descriptor)
+    return ManifestChain(store, descriptor)
+
+
+def _versions(path: str) -> list[int]:
+    return sorted(int(p.stem) for p in (Path(path) / "manifests").iterdir())
+
+
+def _drop(path: str, *versions: int) -> None:
+    """Delete manifest versions by hand."""
+    for v in versions:
+        (Path(path) / manifest_name(v)).unlink()
+
+
+def _rewrite(path: str, m: LiveManifest) -> None:
+    """Write ``m`` as its version (crafted by hand)."""
+    LocalStore(path).write(manifest_name(m.version), build_live_manifest(m))
+
+
+@pytest.mark.parametrize(
+    ("kept", "above", "below"),
+    [
+        ((0, 2), 2, 0),
+        ((0, 1, 4), 4, 1),
+        ((0, 2, 4), 2, 0),
+        ((0, 1, 3, 4), 3, 1),
+        ((0, 3, 4, 5), 3, 0),
+        ((0, 1, 2, 4, 5, 6), 4, 2),
+    ],
+)
+def test_a_listing_with_a_gap_is_refused_naming_the_first_gap(
+    tmp_path: Path, kept: tuple[int, ...], above: int, below: int
+) -> None:
+    """Opening a live dataset whose manifest versions have a gap anywhere (one or several
+    versions missing, at the start of the listing or later) raises ``ChainError`` naming the
+    version after the first gap, the missing one and the one before it."""
+    path = str(tmp_path / "live")
+    _produce(path, [1] * 7)
+    first = _versions(path)[0]
+    _drop(path, *(v for v in _versions(path) if v - first not in kept))
+    a, b = first + above, first + below
+    want = f"version {a} follows a gap (version {b + 1} is missing while version {b} is present)"
+    with pytest.raises(ChainError) as raised:
+        _chain(path).latest()
+    assert want in str(raised.value)
+    assert manifest_name(a) in str(raised.value)
+
+
+def test_a_segment_missing_from_the_store_raises_live_error(tmp_path: Path) -> None:
+    """Reading the entries of a version whose sealed segment was deleted raises ``LiveError``
+    saying the segment the manifest lists is missing (not a bare ``FileNotFoundError``)."""
+    path = str(tmp_path / "live")
+    _produce(path, [1] * 4, segment_size=2)
+    chain = _chain(path)
+    newest = chain.latest()
+    assert newest.segments
+    (Path(path) / newest.segments[0].name).unlink()
+    with pytest.raises(LiveError, match="a segment the manifest lists is missing"):
+        chain.entries(newest)
+
+
+def _two_producers(path: str) -> LiveManifest:
+    """p-0 commits one batch, then p-1 commits three, one version each; returns the version
+    p-0's commit made."""
+    _produce(path, [1])
+    reader = _chain(path).latest()
+    with LiveProducer(path, "p-1", batch_size=B, seq_len=T, cadence=1) as p:
+        for i in range(3):
+            p.append(np.stack([batch(1, i)]))
+    return reader
+
+
+def test_a_reader_whose_versions_were_reclaimed_accepts_one_that_kept_other_offsets(
+    tmp_path: Path,
+) -> None:
+    """A reader at the version of p-0's commit, whose next versions (p-1's commits) were all
+    reclaimed but the newest, takes that newest: p-0's offset and ``start`` unchanged there
+    do not go back on what the reader had."""
+    path = str(tmp_path / "live")
+    prev = _two_producers(path)
+    newest = _versions(path)[-1]
+    _drop(path, *(v for v in _versions(path) if v != newest))
+    got = _chain(path).follow(prev)
+    assert [m.version for m in got] == [newest]
+    assert got[0].producers["p-0"] == prev.producers["p-0"]
+    assert got[0].start == prev.start == 0
+
+
+def test_a_reclaimed_gap_to_a_version_holding_the_same_as_the_reader_is_accepted(
+    tmp_path: Path,
+) -> None:
+    """The newest version found after a reader's versions were reclaimed may hold exactly
+    the batches, ``start`` and producer offsets the reader had (nothing committed since):
+    it is taken, not refused as going back."""
+    path = str(tmp_path / "live")
+    _produce(path, [1, 2])
+    prev = _chain(path).latest()
+    _drop(path, *_versions(path))
+    _rewrite(path, dataclasses.replace(prev, version=prev.version + 5))
+    got = _chain(path).follow(prev)
+    assert [m.version for m in got] == [prev.version + 5]
+
+
+@pytest.mark.parametrize(
+    ("change", "want"),
+    [
+        ({"batches": 2}, "batches 2 < 3"),
+        ({"start": 0, "want_start": 1}, "start 0 < 1"),
+        ({"offset": 0}, "producers.p-1.offset 0 < 1"),
+        ({"offset": None}, "producers.p-1.offset None < 1"),
+        ({"id": "0" * 32}, f"id {'0' * 32} is not"),
+        ({"id": "0" * 32, "batches": 2, "offset": 0}, f"id {'0' * 32} is not"),
+        ({"batches": 2, "offset": 0}, "batches 2 < 3"),
+    ],
+)
+def test_a_version_after_a_reclaimed_gap_that_goes_back_is_refused(
+    tmp_path: Path, change: dict[str, Any], want: str
+) -> None:
+    """The newest version found after a reader's versions were reclaimed must not go back on
+    them: fewer batches, an earlier ``start``, a smaller or missing producer offset or another
+    dataset id raise ``ChainError`` naming the first such change (the id first)."""
+    path = str(tmp_path / "live")
+    with LiveProducer(path, "p-1", batch_size=B, seq_len=T, cadence=1, segment_size=1) as p:
+        p.append(np.stack([batch(1, 0)]))
+    _produce(path, [1, 1], segment_size=1)  # p-1's entry is sealed, p-0's last is the tail
+    prev = _chain(path).latest()
+    assert prev.batches == 3 and len(prev.tail) == 1
+    if "want_start" in change:
+        prev = dataclasses.replace(prev, start=change["want_start"])
+    producers = dict(prev.producers)
+    if "offset" in change:
+        if change["offset"] is None:
+            del producers["p-1"]
+        else:
+            producers["p-1"] = dataclasses.replace(producers["p-1"], offset=change["offset"])
+    crafted = dataclasses.replace(
+        prev,
+        version=prev.version + 5,
+        batches=change.get("batches", prev.batches),
+        tail=() if "batches" in change else prev.tail,
+        start=change.get("start", prev.start),
+        dataset_id=change.get("id", prev.dataset_id),
+        producers=producers,
+    )
+    _drop(path, *_versions(path))
+    (Path(path) / manifest_name(crafted.version)).write_bytes(build_live_manifest(crafted))
+    chain = _chain(path)
+    chain.descriptor = dataclasses.replace(chain.descriptor, dataset_id=crafted.dataset_id)
+    with pytest.raises(ChainError) as raised:
+        chain.follow(prev)
+    assert f": {want}" in str(raised.value)
+    assert f"it goes back on version {prev.version}" in str(raised.value)
+
+
+def test_opening_lists_once_and_reads_the_newest_version_and_its_predecessor(
+    tmp_path: Path,
+) -> None:
+    """``latest`` costs one listing and two manifest reads (the newest and the one before it)
+    plus a probe of the next version; following new versions costs one read each and no
+    listing (``reads`` counts the versions read)."""
+    path = str(tmp_path / "live")
+    _produce(path, [1] * 4)
+    store = _Counting(path)
+    chain = _chain(path, store)
+    assert chain.reads == 0
+    newest = chain.latest()
+    n = newest.version
+    assert store.listings == 1 and chain.reads == 2
+    assert [k for k in store.reads if k.startswith("manifests/")] == [
+        manifest_name(n),
+        manifest_name(n - 1),
+        manifest_name(n + 1),
+    ]
+    _produce(path, [1, 1], start=4)
+    got = chain.follow(newest)
+    assert [m.version for m in got] == [n + 1, n + 2]
+    assert store.listings == 1 and chain.reads == 4
+    assert chain.follow(got[-1]) == []
+    assert store.listings == 2 and chain.reads == 4
+
+
+def test_versions_committed_between_the_listing_and_the_reads_are_followed(
+    tmp_path: Path,
+) -> None:
+    """Versions committed after ``latest`` listed the store are read and the newest of them
+    returned."""
+    path = str(tmp_path / "live")
+    _produce(path, [1, 1])
+    store = _Counting(path)
+    store.on_list = lambda: _produce(path, [1, 1, 1], start=2)
+    newest = _chain(path, store).latest()
+    assert newest.batches == 5 and newest.version == _versions(path)[-1]
+
+
+def test_a_version_committed_between_the_probe_and_the_listing_is_followed(
+    tmp_path: Path,
+) -> None:
+    """Versions ``v + 1``, ``v + 2`` missing when probed but listed just after (committed
+    meanwhile) are read and followed, not taken for a gap in the chain."""
+    path = str(tmp_path / "live")
+    _produce(path, [1, 1])
+    store = _Counting(path)
+    chain = _chain(path, store)
+    prev = chain.latest()
+    store.before_list = lambda: _produce(path, [1, 1], start=2)
+    got = chain.follow(prev)
+    assert [m.version for m in got] == [prev.version + 1, prev.version + 2]
+    assert got[-1].batches == 4
+
+
+def test_a_listed_next_version_that_cannot_be_read_yields_nothing_new(tmp_path: Path) -> None:
+    """A next version listed but gone when read (reclaimed meanwhile) is not followed: the
+    reader sees nothing new, after one listing."""
+    path = str(tmp_path / "live")
+    _produce(path, [1, 1])
+    store = _Counting(path)
+    chain = _chain(path, store)
+    prev = chain.latest()
+    store.phantom = [manifest_name(prev.version + 1)]
+    assert chain.follow(prev) == []
+    assert store.listings == 2
+
+
+@pytest.mark.parametrize("missing", ["newest", "predecessor"])
+def test_a_version_listed_then_reclaimed_before_it_is_read_makes_opening_list_again(
+    tmp_path: Path, missing: str
+) -> None:
+    """Opening lists again when a version it listed is gone when read (the newest, or the
+    predecessor of the newest), and finds the newest then."""
+    path = str(tmp_path / "live")
+    _produce(path, [1, 1, 1])
+    store = _Counting(path)
+    n = _versions(path)[-1]
+    if missing == "newest":
+        store.phantom = store.phantom_once = [manifest_name(n + 1)]
+    else:
+        _drop(path, *(v for v in _versions(path) if v != n))
+        store.phantom = store.phantom_once = [manifest_name(n - 1)]
+    assert _chain(path, store).latest().version == n
+    assert store.listings == 2
+
+
+@pytest.mark.parametrize("missing", ["newest", "predecessor"])
+def test_opening_gives_up_after_8_listings_when_listed_versions_keep_disappearing(
+    tmp_path: Path, missing: str
+) -> None:
+    """A version that every listing shows but no read finds (the newest, or the predecessor
+    of the newest) makes opening list 8 times, then raise ``LiveError``."""
+    path = str(tmp_path / "live")
+    _produce(path, [1, 1])
+    store = _Counting(path)
+    n = _versions(path)[-1]
+    if missing == "newest":
+        store.phantom = [manifest_name(n + 1)]
+    else:
+        _drop(path, *(v for v in _versions(path) if v != n))
+        store.phantom = [manifest_name(n - 1)]
+    with pytest.raises(LiveError, match="manifest versions keep disappearing while listed"):
+        _chain(path, store).latest()
+    assert store.listings == 8
+
+
+def test_after_reads_the_versions_present_and_lists_across_a_gap(tmp_path: Path) -> None:
+    """``after(v)`` reads ``v + 1``, ``v + 2``, ...; if ``v + 1`` is missing it lists once and
+    takes the newest version and those after it (not ``list_on_gap``: nothing), and after
+    the newest it finds nothing."""
+    path = str(tmp_path / "live")
+    _produce(path, [1] * 6)
+    vs = _versions(path)
+    v = vs[0]
+    store = _Counting(path)
+    chain = _chain(path, store)
+    assert [m.version for m in chain.after(v)] == vs[1:]
+    _drop(path, v + 1, v + 2)
+    assert chain.after(v, list_on_gap=False) == []
+    assert store.listings == 0
+    assert [m.version for m in chain.after(v)] == [vs[-1]]
+    assert store.listings == 1
+    assert chain.after(vs[-1]) == []
+
+
+def test_a_chain_keeps_the_64_segments_read_last(tmp_path: Path) -> None:
+    """A chain keeps the last 64 segments it read (``SEGMENT_CACHE``), least recently used
+    first out: reading one again costs no request while it is kept."""
+    path = str(tmp_path / "live")
+    _produce(path, [1] * 66, segment_size=1)
+    store = _Counting(path)
+    chain = _chain(path, store)
+    refs = chain.latest().segments
+    assert len(refs) == 65
+
+    def requests(*indices: int) -> int:
+        before = len(store.reads)
+        for i in indices:
+            assert chain.segment(refs[i]).first == refs[i].first
+        return len(store.reads) - before
+
+    assert requests(*range(64)) == 64
+    assert requests(*range(64)) == 0  # all 64 kept
+    assert requests(0) == 0  # 0 is now the most recently used
+    assert requests(64) == 1  # reading a 65th drops the least recently used: 1
+    assert requests(0, 64) == 0
+    assert requests(1) == 1
+
+
+@pytest.mark.parametrize("field", ["first", "num_batches", "entries"])
+def test_a_segment_that_does_not_hold_what_its_reference_says_is_refused(
+    tmp_path: Path, field: str
+) -> None:
+    """A segment whose bytes match the reference's digest but whose first batch, batches or
+    entries differ from what the reference says raises ``LiveError``."""
+    path = str(tmp_path / "live")
+    _produce(path, [1, 2, 1, 1], segment_size=2)
+    ref = _chain(path).latest().segments[0]
+    assert ref.entries == 2
+    wrong = dataclasses.replace(ref, **{field: getattr(ref, field) + 1})
+    with pytest.raises(LiveError, match="does not hold what the manifest's reference says"):
+        _chain(path).segment(wrong)
+    assert _chain(path).segment(ref).first == ref.first
+
+
+def _sealing(path: str) -> tuple[LiveManifest, LiveManifest]:
+    """A version and the next one, which seals the first's two tail entries."""
+    _produce(path, [1, 1, 1], segment_size=2)
+    chain = _chain(path)
+    nxt = chain.latest()
+    prev = chain.read(nxt.version - 1)
+    assert prev is not None and len(prev.tail) == 2 and len(nxt.segments) == 1
+    return prev, nxt
+
+
+def test_checking_a_version_reads_no_segment_it_seals(tmp_path: Path) -> None:
+    """``check`` compares the segments a version seals with the tail before it only when the
+    chain holds them already: it reads no segment."""
+    path = str(tmp_path / "live")
+    prev, nxt = _sealing(path)
+    store = _Counting(path)
+    chain = _chain(path, store)
+    chain.check(prev, nxt)
+    assert [k for k in store.reads if k.startswith("segments/")] == []
+
+
+def test_a_held_segment_whose_digest_differs_from_a_new_reference_breaks_the_chain(
+    tmp_path: Path,
+) -> None:
+    """A version sealing a segment the chain holds, but naming another digest for it, does
+    not follow: ``ChainError`` (not a bare ``LiveError``)."""
+    path = str(tmp_path / "live")
+    prev, nxt = _sealing(path)
+    chain = _chain(path)
+    chain.segment(nxt.segments[0])
+    chain.check(prev, nxt)
+    ref = dataclasses.replace(nxt.segments[0], xxh3="0" * 16)
+    with pytest.raises(ChainError, match=r"segments: .*xxh3"):
+        chain.check(prev, dataclasses.replace(nxt, segments=(ref,)))
+
+
+def test_a_held_segment_that_differs_from_the_tail_it_seals_breaks_the_chain(
+    tmp_path: Path,
+) -> None:
+    """A version sealing a segment the chain holds, whose entries are not the tail entries
+    of the version before, does not follow (``ChainError``)."""
+    path = str(tmp_path / "live")
+    prev, nxt = _sealing(path)
+    chain = _chain(path)
+    chain.segment(nxt.segments[0])
+    other = dataclasses.replace(prev.tail[1], checksums=prev.tail[0].checksums)
+    with pytest.raises(ChainError, match="does not hold the tail entries it seals"):
+        chain.check(dataclasses.replace(prev, tail=(prev.tail[0], other)), nxt)
+
+
+def test_entries_since_a_batch_skip_what_ends_at_or_before_it(tmp_path: Path) -> None:
+    """``entries(m, since)`` lists the entries ending after ``since`` (all from batch 0 by
+    default), and reads no segment that ends at or before it."""
+    path = str(tmp_path / "live")
+    _produce(path, [1, 1, 1, 1, 1], segment_size=2)
+    store = _Counting(path)
+    chain = _chain(path, store)
+    m = chain.latest()
+    assert [r.end for r in m.segments] == [2, 4] and [e.end for e in m.tail] == [5]
+    assert [e.end for e in chain.entries(m)] == [1, 2, 3, 4, 5]
+    store.reads.clear()
+    chain = _chain(path, store)
+    assert [e.end for e in chain.entries(m, 2)] == [3, 4, 5]
+    assert [k for k in store.reads if k.startswith("segments/")] == [m.segments[1].name]
+    assert [e.end for e in chain.entries(m, 4)] == [5]
+    assert [e.end for e in chain.entries(m, 3)] == [4, 5]
+    assert chain.entries(m, 5) == []
+
+
+def test_a_gap_after_the_reader_while_older_versions_remain_is_refused(tmp_path: Path) -> None:
+    """Newer versions after a missing ``v + 1`` while older versions are still present are a
+    gap in the chain: ``ChainError`` naming the first newer version, the missing one and the
+    oldest present (the reader's own version still present, or reclaimed too)."""
+    path = str(tmp_path / "live")
+    _produce(path, [1] * 3)
+    chain = _chain(path)
+    prev = chain.latest()
+    first, v = _versions(path)[0], prev.version
+    _produce(path, [1] * 3, start=3)
+    _drop(path, v + 1)
+    want = (
+        f"version {v + 2} follows a gap (version {v + 1} is missing while version {first} is "
+        "present)"
+    )
+    assert first < v - 1
+    with pytest.raises(ChainError) as raised:
+        chain.follow(prev)
+    assert want in str(raised.value) and manifest_name(v + 2) in str(raised.value)
+    _drop(path, *(x for x in _versions(path) if first < x <= v))
+    with pytest.raises(ChainError) as raised:
+        chain.follow(prev)
+    assert want in str(raised.value)
+
+
+def test_a_gap_right_after_the_oldest_version_is_refused_after_one_listing(
+    tmp_path: Path,
+) -> None:
+    """A reader whose own version is the oldest present, with ``v + 1`` missing and newer
+    versions present, is refused (``ChainError`` naming the gap) after one listing."""
+    path = str(tmp_path / "live")
+    _produce(path, [1] * 2)
+    prev = _chain(path).latest()
+    v = prev.version
+    _produce(path, [1] * 3, start=2)
+    _drop(path, *(x for x in _versions(path) if x < v or x == v + 1))
+    store = _Counting(path)
+    with pytest.raises(ChainError) as raised:
+        _chain(path, store).follow(prev)
+    want = (
+        f"version {v + 2} follows a gap (version {v + 1} is missing while version {v} is present)"
+    )
+    assert want in str(raised.value)
+    assert store.listings == 1
