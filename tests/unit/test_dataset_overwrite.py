@@ -293,25 +293,6 @@ def test_a_fallback_interrupted_between_its_renames_puts_the_old_dataset_back(
     assert not [n for n in siblings(out) if "zerobatch-old" in n]
 
 
-def test_a_live_writers_staging_does_not_stop_the_removal_of_dead_ones(tmp_path: Path) -> None:
-    """Stale staging directories are each judged by their own lock: one held by a live writer
-    (listed first here) is left, the dead ones after it are still removed."""
-    out = tmp_path / "ds"
-    sharded(out, 16)
-    live = tmp_path / ".ds.zerobatch-new-aaaa0001"
-    dead = [tmp_path / ".ds.zerobatch-new-bbbb0002", tmp_path / ".ds.zerobatch-new-cccc0003"]
-    for d in (live, *dead):
-        d.mkdir()
-        (d / "shard-00000.batch").write_bytes(b"partial")
-    fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        sharded(out, 24, overwrite=True)
-        assert siblings(out) == [live.name]
-    finally:
-        os.close(fd)
-
-
 def test_a_file_added_while_create_overwrite_runs_is_carried_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -429,12 +410,18 @@ def test_a_dataset_in_a_missing_directory_has_no_staging_or_aside_to_find(tmp_pa
     assert not (tmp_path / "missing").exists()
 
 
-def test_the_next_write_removes_stale_staging_but_not_a_live_writers(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("live_tag", "dead_tags"), [("live0001", ["dead0001"]), ("aaaa0001", ["bbbb0002", "cccc0003"])]
+)
+def test_the_next_write_removes_stale_staging_but_not_a_live_writers(
+    tmp_path: Path, live_tag: str, dead_tags: list[str]
+) -> None:
+    """Stale staging directories are each judged by their own lock: one held by a live writer
+    is left (whether it sorts first or last), every dead one is removed."""
     out = tmp_path / "ds"
     sharded(out, 16)
-    stale = tmp_path / ".ds.zerobatch-new-dead0001"
-    live = tmp_path / ".ds.zerobatch-new-live0001"
-    for d in (stale, live):
+    live = tmp_path / f".ds.zerobatch-new-{live_tag}"
+    for d in (live, *(tmp_path / f".ds.zerobatch-new-{t}" for t in dead_tags)):
         d.mkdir()
         (d / "shard-00000.batch").write_bytes(b"partial")
     fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)

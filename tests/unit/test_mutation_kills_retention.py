@@ -138,26 +138,33 @@ def test_a_leftover_whose_listed_twin_has_a_wrong_header_is_kept(
     assert store.exists(leftover)
 
 
+class _CommitAfterListing(LocalStore):
+    """A store whose first listing of the manifest versions is followed at once by a producer
+    committing ``appends`` batches (one version each): versions the listing missed."""
+
+    def __init__(self, url: str, *, appends: int) -> None:
+        super().__init__(url)
+        self.url, self.appends, self.committed = url, appends, False
+
+    def list_keys(self, prefix: str = "") -> list[str]:
+        keys = super().list_keys(prefix)
+        if prefix == "manifests/" and not self.committed:
+            self.committed = True
+            with LiveProducer(self.url, "p-1", batch_size=B, seq_len=T, cadence=1) as p:
+                for i in range(self.appends):
+                    p.append(batch(1, i))
+        return keys
+
+
 def test_a_version_committed_after_the_listing_is_checked_against_the_newest(
     tmp_path: Path,
 ) -> None:
     """A producer commits while reclaim reads the chain: the version the listing missed is
     checked to follow from the newest one read, and counts."""
     url = _live(tmp_path)
-
-    class CommitAfterListing(LocalStore):
-        committed = False
-
-        def list_keys(self, prefix: str = "") -> list[str]:
-            keys = super().list_keys(prefix)
-            if prefix == "manifests/" and not CommitAfterListing.committed:
-                CommitAfterListing.committed = True
-                with LiveProducer(url, "p-1", batch_size=B, seq_len=T, cadence=1) as p:
-                    p.append(batch(1, 0))
-            return keys
-
-    report = reclaim(CommitAfterListing(url), dry_run=True)
-    assert CommitAfterListing.committed
+    store = _CommitAfterListing(url, appends=1)
+    report = reclaim(store, dry_run=True)
+    assert store.committed
     assert report.committed == 11
 
 
@@ -330,23 +337,24 @@ def test_a_state_of_negative_samples_is_refused() -> None:
         watermark({"samples": -1, "batch_size": B})
 
 
-def test_a_state_of_a_global_batch_size_of_zero_is_refused(tmp_path: Path) -> None:
-    """Step 0 of a global batch of 0 samples: ``samples`` 0 is ``step * global_batch_size``,
-    but no loader reads global batches of no sample."""
+@pytest.mark.parametrize(
+    ("step", "field", "value", "message"),
+    [
+        # step 0 of a global batch of 0 samples: samples 0 is step * global_batch_size, but no
+        # loader reads global batches of no sample
+        (0, "global_batch_size", 0, "global_batch_size is 0, expected an integer of at"),
+        # a live dataset has one unending epoch: a state that says epoch 1 was not saved
+        # reading it, even when its samples agree with its step
+        (2, "epoch", 1, "an inconsistent state"),
+    ],
+)
+def test_a_state_no_live_loader_saves_is_refused(
+    tmp_path: Path, step: int, field: str, value: int, message: str
+) -> None:
     url = _live(tmp_path, 4)
-    state = _state(url, 0)
-    state["global_batch_size"] = 0
-    with pytest.raises(WatermarkError, match="global_batch_size is 0, expected an integer of at"):
-        record_watermark(url, "c-1", state)
-
-
-def test_a_state_of_a_later_epoch_is_refused(tmp_path: Path) -> None:
-    """A live dataset has one unending epoch: a state that says epoch 1 was not saved reading
-    it, even when its samples agree with its step."""
-    url = _live(tmp_path, 4)
-    state = _state(url, 2)
-    state["epoch"] = 1
-    with pytest.raises(WatermarkError, match="an inconsistent state"):
+    state = _state(url, step)
+    state[field] = value
+    with pytest.raises(WatermarkError, match=message):
         record_watermark(url, "c-1", state)
 
 
@@ -590,21 +598,9 @@ def test_a_version_that_does_not_parse_stops_reclaim(tmp_path: Path) -> None:
 
 def test_two_versions_committed_after_the_listing_both_count(tmp_path: Path) -> None:
     url = _live(tmp_path)
-
-    class CommitAfterListing(LocalStore):
-        committed = False
-
-        def list_keys(self, prefix: str = "") -> list[str]:
-            keys = super().list_keys(prefix)
-            if prefix == "manifests/" and not CommitAfterListing.committed:
-                CommitAfterListing.committed = True
-                with LiveProducer(url, "p-1", batch_size=B, seq_len=T, cadence=1) as p:
-                    p.append(batch(1, 0))
-                    p.append(batch(1, 1))
-            return keys
-
-    report = reclaim(CommitAfterListing(url), dry_run=True)
-    assert CommitAfterListing.committed
+    store = _CommitAfterListing(url, appends=2)
+    report = reclaim(store, dry_run=True)
+    assert store.committed
     assert (report.committed, report.versions_checked) == (12, 13)
 
 
