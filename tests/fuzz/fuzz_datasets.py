@@ -50,6 +50,7 @@ from tests.fuzz.mutants import (
     OUTSIDE,
     Op,
     Tree,
+    add_worker_arguments,
     apply_tree,
     dataset_bases,
     materialize,
@@ -357,19 +358,27 @@ def launch(campaign: Campaign, seed: int, start: int, stop: int, work: str) -> J
     return Job(campaign, start, stop, proc, status_path, stderr)
 
 
+def _count(job: Job, totals: Totals) -> tuple[int, int, int]:
+    """Add what a worker that ended finished (its counts, its failures) to ``totals``;
+    return its last mutant index, stage and the number of mutants it finished."""
+    index, stage, done, counts = job.status()
+    totals.results.update(counts)
+    totals.tried += done
+    failures = job.status_path + ".failures"
+    if os.path.exists(failures):
+        with open(failures, encoding="utf-8") as f:
+            totals.failures.extend(json.loads(line) for line in f)
+        os.remove(failures)
+    return index, stage, done
+
+
 def finish(job: Job, totals: Totals) -> tuple[int, int] | None:
     """Account for a worker that ended; return the range still to run if it died early."""
     rc = job.proc.returncode
     job.stderr.seek(0)
     err = job.stderr.read()
     job.stderr.close()
-    index, stage, done, counts = job.status()
-    totals.results.update(counts)
-    totals.tried += done
-    if os.path.exists(job.status_path + ".failures"):
-        with open(job.status_path + ".failures", encoding="utf-8") as f:
-            totals.failures.extend(json.loads(line) for line in f)
-        os.remove(job.status_path + ".failures")
+    index, stage, done = _count(job, totals)
     if rc == 0 and done == job.stop - job.start:
         return None
     kind = "hang" if job.hung else "signal" if rc < 0 else "exception"
@@ -483,12 +492,7 @@ def run(campaign: Campaign, args: argparse.Namespace) -> int:
             job.proc.wait()
             if stopped:
                 job.stderr.close()
-                _, _, done, counts = job.status()
-                totals.results.update(counts)
-                totals.tried += done
-                if os.path.exists(job.status_path + ".failures"):
-                    with open(job.status_path + ".failures", encoding="utf-8") as f:
-                        totals.failures.extend(json.loads(line) for line in f)
+                _count(job, totals)
         shutil.rmtree(work, ignore_errors=True)
     wall = time.monotonic() - began
     if stopped:
@@ -588,10 +592,7 @@ def main(campaign: Campaign, argv: list[str] | None = None, mutants: int = 100_0
         default=0.0,
         help="stop after this long, reporting the mutants finished (default: no limit)",
     )
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--stop", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--status", default=None, help=argparse.SUPPRESS)
+    add_worker_arguments(parser)
     args = parser.parse_args(argv)
     if args.replay:
         return replay(campaign, args.replay, args.ops)

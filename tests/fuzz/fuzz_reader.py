@@ -38,7 +38,7 @@ from typing import IO, Any
 
 from zerobatch_spec import ErrorCode
 
-from tests.fuzz.mutants import check, random_mutant
+from tests.fuzz.mutants import add_worker_arguments, check, random_mutant
 
 FAILURE_KINDS = ("exception", "disagreement", "signal", "hang")
 """What counts as a defect: a non-ZeroBatch exception, a disagreement with the spec, a process
@@ -303,10 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         default=-1,
         help="harness self-check: the worker on this mutant kills itself with SIGBUS",
     )
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--stop", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--status", default=None, help=argparse.SUPPRESS)
+    add_worker_arguments(parser)
     args = parser.parse_args(argv)
     if args.worker:
         run_worker(args.seed, args.start, args.stop, args.status, args.out, args.crash_at)

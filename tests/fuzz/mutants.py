@@ -26,6 +26,7 @@ to the caller, which counts it as a defect.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -508,6 +509,16 @@ def _swap(obj: Any, op: Op) -> bytes | None:
     return _dump_json(obj)
 
 
+def _fit_entry(entry: Any, b: int, t: int, n: int) -> None:
+    """Make a shard entry of ``n`` slots consistent with shape ``b`` x ``t``: its size, enough
+    records, and a records range that spans them."""
+    entry["size"] = expected_file_size(b, t, n)
+    entry["total_records"] = max(int(entry["total_records"]), n * b)
+    if entry.get("records") is not None:
+        first = int(entry["records"][0])
+        entry["records"] = [first, first + entry["total_records"]]
+
+
 def _fit_shard(obj: Any, shard: int, n: int | str) -> bytes | None:
     try:
         entry = obj["shards"][shard]
@@ -515,11 +526,7 @@ def _fit_shard(obj: Any, shard: int, n: int | str) -> bytes | None:
         # "max": the most slots total_records (a u32) allows at this batch size.
         n = U32_MAX // max(b, 1) if n == "max" else int(n)
         entry["num_batches"] = n
-        entry["size"] = expected_file_size(b, t, n)
-        entry["total_records"] = max(int(entry["total_records"]), n * b)
-        if entry.get("records") is not None:
-            first = int(entry["records"][0])
-            entry["records"] = [first, first + entry["total_records"]]
+        _fit_entry(entry, b, t, n)
     except (KeyError, IndexError, TypeError, ValueError):
         return None
     return _dump_json(obj)
@@ -529,12 +536,7 @@ def _shape(obj: Any, b: int, t: int) -> bytes | None:
     try:
         obj["batch_size"], obj["seq_len"] = b, t
         for entry in obj["shards"]:
-            n = int(entry["num_batches"])
-            entry["size"] = expected_file_size(b, t, n)
-            entry["total_records"] = max(int(entry["total_records"]), n * b)
-            if entry.get("records") is not None:
-                first = int(entry["records"][0])
-                entry["records"] = [first, first + entry["total_records"]]
+            _fit_entry(entry, b, t, int(entry["num_batches"]))
     except (KeyError, IndexError, TypeError, ValueError):
         return None
     return _dump_json(obj)
@@ -994,3 +996,12 @@ def random_live_mutant(seed: int, index: int) -> tuple[int, list[Op], Tree]:
         ops.append(op)
         tree = apply_live(tree, [op])
     return 0, ops, tree
+
+
+def add_worker_arguments(parser: Any) -> None:
+    """The hidden options by which a campaign's parent hands a worker process its mutants
+    (``--start`` to ``--stop``) and the file it reports progress in (``--status``)."""
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--stop", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--status", default=None, help=argparse.SUPPRESS)
