@@ -25,10 +25,9 @@ from zerobatch_core import (
     BatchFileReader,
     MissingDependencyError,
     __version__,
-    cli,
     write_batch_file,
 )
-from zerobatch_core.cli import EXIT_CODES, build_parser, flag_message, main
+from zerobatch_core.cli import EXIT_CODES, build_parser, flag_message, inspect_validate, main
 from zerobatch_core.tokenization.protocol import import_optional
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -416,7 +415,7 @@ def test_unexpected_errors_exit_70_and_debug_shows_tracebacks(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(cli, "validate_file", broken)
+    monkeypatch.setattr(inspect_validate, "validate_file", broken)
     r = run("validate", path)
     line = one_line_error(r)
     assert r.status == 70 and "RuntimeError: a bug" in line and "--debug" in line
@@ -427,7 +426,7 @@ def test_unexpected_errors_exit_70_and_debug_shows_tracebacks(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "validate_file", interrupted)
+    monkeypatch.setattr(inspect_validate, "validate_file", interrupted)
     r = run("validate", path)
     assert r.status == 130 and "interrupted" in one_line_error(r)
 

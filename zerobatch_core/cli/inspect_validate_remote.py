@@ -1,14 +1,14 @@
-"""The command line's remote and live parts: ``inspect`` and ``validate`` of URLs and live
-datasets, and ``zerobatch dataset reclaim``.
+"""``zerobatch inspect`` and ``zerobatch validate`` of URLs and live datasets.
 
-``cli.py`` hands a source here when it is a URL (``s3://``, ``gs://``, ``az://``,
+``inspect_validate`` hands a source here when it is a URL (``s3://``, ``gs://``, ``az://``,
 ``http(s)://``, ``file://``) or a live dataset directory; the output follows the local
 commands' (the same keys where they mean the same, plus what a remote or live source adds).
 A source whose manifest, header or live metadata breaks a rule is reported as the local
 commands report one (``validate``: an ``INVALID`` report, or with ``--json`` a JSON report;
 ``inspect``: a line on stderr, and with ``--json`` a JSON object), exit status 1; a source
 that cannot be reached or does not exist is an ``OSError``, exit status 2 (``cli.main``).
-URLs are always shown redacted (no user information).
+URLs are always shown redacted (no user information). A module of its own because opening a
+remote or live source, and what its report adds, is a concern the local commands do not have.
 """
 
 from __future__ import annotations
@@ -20,17 +20,16 @@ from typing import Any
 
 from zerobatch_spec import DTYPE_UINT32, padded_batch_bytes
 
-from .dataset import DatasetError
-from .errors import FormatError
-from .live_manifests import LiveError
-from .live_source import LiveSource
-from .redaction import redact
-from .remote import RemoteSource
-from .retention import ChainError, reclaim, watermarks
-from .sources import is_live, open_reader
-from .storage import is_url
-
-EXIT_OK, EXIT_INVALID = 0, 1
+from ..dataset import DatasetError
+from ..errors import FormatError
+from ..live_manifests import LiveError
+from ..live_source import LiveSource
+from ..redaction import redact
+from ..remote import RemoteSource
+from ..retention import watermarks
+from ..sources import is_live, open_reader
+from ..storage import is_url
+from .common import EXIT_INVALID, EXIT_OK, shown
 
 
 def handles(path: str) -> bool:
@@ -40,11 +39,6 @@ def handles(path: str) -> bool:
 
 BROKEN = (DatasetError, FormatError, LiveError)
 """What opening a source raises when its manifest, header or live metadata breaks a rule."""
-
-
-def shown(path: str) -> str:
-    """``path`` as messages and reports show it: a URL redacted, a local path as given."""
-    return redact(path) if is_url(path) else path
 
 
 def _open(path: str) -> RemoteSource:
@@ -170,77 +164,3 @@ def validate(args: argparse.Namespace) -> int:
         for failure in failures:
             print(f"  {failure}")
     return EXIT_OK if valid else EXIT_INVALID
-
-
-def cmd_dataset_reclaim(args: argparse.Namespace) -> int:
-    """``zerobatch dataset reclaim URL``: delete what no live checkpoint can roll back to.
-
-    A chain of manifest versions that does not verify (``ChainError``) deletes nothing and
-    exits 1, with ``--dry-run`` too; with ``--json`` the refusal is one JSON object as well.
-    Findings (watermarks ignored or unverified, keys left alone) are printed either way."""
-    try:
-        report = reclaim(args.dataset, keep_versions=args.keep_versions, dry_run=args.dry_run)
-    except ChainError as e:
-        if not args.json:
-            raise
-        print(json.dumps({"refused": True, "error": str(e), "dry_run": args.dry_run}))
-        return EXIT_INVALID
-    if args.json:
-        print(json.dumps({"refused": False, **report.as_dict()}))
-        return EXIT_OK
-    for warning in report.warnings():
-        print(f"warning: {warning}")
-    verb = "would delete" if report.dry_run else "deleted"
-    if not report.deleted:
-        print(
-            f"nothing to reclaim: manifest version {report.version}, first batch "
-            f"{report.start}, lowest watermark {report.watermark} ({report.versions_checked} "
-            "versions checked)"
-        )
-        return EXIT_OK
-    parts = ", ".join(f"{n} {kind}" for kind, n in sorted(report.deleted.items()))
-    print(
-        f"{verb} {parts} ({report.deleted_bytes} bytes); lowest watermark "
-        f"{report.watermark}, the dataset now starts at batch {report.start} "
-        f"(manifest version {report.version}, {report.versions_checked} versions checked)"
-    )
-    return EXIT_OK
-
-
-def add_reclaim(actions: Any, parser_class: Any) -> None:
-    """The ``dataset reclaim`` action's parser."""
-    c = actions.add_parser(
-        "reclaim",
-        help="delete what no live checkpoint of a live dataset can roll back to",
-        description="Delete the batch objects, segments and manifest versions of a live "
-        "dataset that lie below the lowest watermark its consumers recorded with their "
-        "checkpoints (zerobatch_core.retention.record_watermark), after committing a "
-        "manifest version that no longer lists them. It first checks that every manifest "
-        "version present follows from the one before it (SPEC.md section 18.4) and deletes "
-        "nothing (exit status 1, --dry-run too) if one does not. Watermarks of another "
-        "dataset or beyond the committed end are ignored and reported. Without any watermark "
-        "no batch is deleted. Idempotent and safe to interrupt: run it again at any time.",
-        epilog="examples:\n  zerobatch dataset reclaim s3://bucket/run\n"
-        "  zerobatch dataset reclaim data/live --dry-run --json",
-    )
-    c.add_argument("dataset", metavar="DATASET", help="the live dataset (a URL or a directory)")
-
-    def at_least_one(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {text!r}")
-        return value
-
-    c.add_argument(
-        "--keep-versions",
-        type=at_least_one,
-        default=4,
-        metavar="N",
-        help="manifest versions kept, the newest N (default: 4)",
-    )
-    c.add_argument("--dry-run", action="store_true", help="report what would go, delete nothing")
-    c.add_argument("--json", action="store_true", help="print one JSON object (default: text)")
-    c.set_defaults(func=cmd_dataset_reclaim)
