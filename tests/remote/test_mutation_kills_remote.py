@@ -332,3 +332,27 @@ def test_fsspec_listing_of_a_root_its_filesystem_says_is_missing_is_empty() -> N
     assert FsspecStore(fs, root).list_keys() == []
     FsspecStore(fs, root).write("a", b"x")
     assert FsspecStore(fs, root).list_keys() == ["a"]
+
+
+# -- ranged reads: exactly the ranges asked for ------------------------------------------------
+
+
+def test_ranges_a_byte_apart_are_fetched_apart_unless_coalescing_is_asked_for(
+    s3_server: S3Server, proxy: S3Proxy
+) -> None:
+    """``read_ranges`` without ``coalesce`` fetches exactly the ranges: two ranges one byte
+    apart are two requests, and the byte between them is not fetched; ``coalesce=1`` makes
+    them one request."""
+    name = f"zb-{secrets.token_hex(6)}"
+    s3_server.create_bucket(name)
+    store = open_store(f"s3://{name}/d")
+    store.write("k", bytes(range(16)))
+    proxy.reset()
+    assert store.read_ranges("k", [(0, 4), (5, 8)]) == [bytes(range(4)), bytes(range(5, 8))]
+    assert (proxy.counts["gets"], proxy.counts["get_bytes"]) == (2, 7)
+    proxy.reset()
+    assert store.read_ranges("k", [(0, 4), (5, 8)], coalesce=1) == [
+        bytes(range(4)),
+        bytes(range(5, 8)),
+    ]
+    assert (proxy.counts["gets"], proxy.counts["get_bytes"]) == (1, 8)
