@@ -9,9 +9,9 @@ atomically: a directory without a manifest is not a dataset, and a manifest neve
 that is missing or partial.
 
 ``write_sharded_dataset`` owns the names ``shard-NNNNN.batch``, ``checksums.xxh3`` and
-``manifest.json`` in its directory: it refuses a directory that holds any of them unless
-``overwrite=True`` (a manifest: an existing dataset; shards alone: an unfinished write), and
-never writes over one of its ``inputs``.
+``manifest.json`` in its directory: it refuses a directory that holds a manifest or shards
+unless ``overwrite=True`` (a manifest: an existing dataset; shards alone: an unfinished write),
+replaces a checksums file no manifest refers to, and never writes over one of its ``inputs``.
 
 Replacing a dataset (``overwrite=True`` on a directory with a manifest), by either function,
 never touches the old dataset until the new one is whole: the new one is staged in a sibling
@@ -354,7 +354,6 @@ class _ShardCutter:
         self._blocks = iter(blocks)
         self._pending: list[npt.NDArray[np.integer]] = []
         self.seq_len = seq_len
-        self.exhausted = False
 
     def _next_block(self) -> npt.NDArray[np.integer] | None:
         if self._pending:
@@ -369,7 +368,6 @@ class _ShardCutter:
                 )
             if arr.shape[0]:
                 return arr
-        self.exhausted = True
         return None
 
     def run(self, n: int) -> Iterator[npt.NDArray[np.integer]]:
@@ -420,7 +418,7 @@ def write_sharded_dataset(
     is refused unless ``allow_empty`` (a stream of no record at all writes a dataset of no
     shard). The directory is checked first (``check_dataset_output``, with ``inputs``). If
     anything fails before the manifest is written (a source error, an interruption), the
-    shards this call wrote are removed.
+    shards and checksums file this call wrote are removed.
 
     Replacing a dataset (``overwrite``, a directory with a manifest) is atomic: the new
     dataset is written whole into a staging directory beside the old one
@@ -488,17 +486,19 @@ def write_sharded_dataset(
             )
             stage.commit()
             return manifest
+        manifest = commit_manifest(
+            path, shards, checksums, batch_size, seq_len, seed, listed, overwrite
+        )
     except BaseException:
         if stage is not None:
             stage.discard()
-        else:
-            for shard in shards:  # listed by no manifest: not left behind
+        elif not os.path.lexists(os.path.join(path, MANIFEST_NAME)):
+            # No dataset was there (else it would be staged) and none was committed: the
+            # shards and checksums this call wrote are listed by no manifest.
+            for name in [*(s.name for s in shards), CHECKSUMS_NAME]:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(path, shard.name))
+                    os.unlink(os.path.join(path, name))
         raise
-    manifest = commit_manifest(
-        path, shards, checksums, batch_size, seq_len, seed, listed, overwrite
-    )
     if overwrite:  # shards an unfinished write left (there was no manifest)
         kept = {s.name for s in shards}
         for name in shard_file_names(path):

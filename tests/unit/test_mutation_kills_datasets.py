@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import gc
 import os
+import re
 import threading
 import time
 from concurrent.futures import Future
@@ -16,15 +17,21 @@ from typing import Any
 
 import numpy as np
 import pytest
-from zerobatch_spec.dataset import MANIFEST_NAME, DatasetCode, Source
+from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME, DatasetCode, Source, shard_seed
 
 from tests.helpers import records
+from tests.unit.test_odd_inputs import promptly
 from zerobatch_core import (
     BatchFileReader,
     DatasetError,
     DatasetReader,
     FormatError,
+    WriteError,
+    create_dataset,
+    dataset_build,
+    dataset_replace,
     trace_step,
+    validate_dataset,
     write_batch_file,
     write_sharded_dataset,
 )
@@ -510,3 +517,446 @@ def test_a_manifest_of_64_mib_opens_and_one_byte_more_is_refused(tmp_path: Path)
     with pytest.raises(ZeroBatchIOError, match="more than the 67,108,864 this file may have") as e:
         DatasetReader(path)
     assert e.value.errno == errno.EFBIG
+
+
+# -- dataset building --------------------------------------------------------------------------
+
+
+def _batch_files(directory: Path, count: int, seeds: tuple[int, ...] = ()) -> Path:
+    """``directory`` holding ``part-<i>.batch`` for ``i < count``: 8 records of 2 tokens in
+    batches of 4 each, file ``i`` with seed ``seeds[i]`` (default ``i``)."""
+    directory.mkdir()
+    for i in range(count):
+        seed = seeds[i] if seeds else i
+        write_batch_file(directory / f"part-{i}.batch", records(8, 2), batch_size=4, seed=seed)
+    return directory
+
+
+def test_create_dataset_refuses_a_path_that_is_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "data"
+    path.write_text("not a directory")
+    with pytest.raises(WriteError, match="exists and is not a directory"):
+        create_dataset(path)
+    assert path.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize(
+    ("count", "shown", "tail"),
+    [
+        (1, 1, "1 shard name breaks the manifest's name rule"),
+        (10, 10, "10 shard names break the manifest's name rule"),
+        (11, 10, ", and 1 more; rename the files"),
+        (12, 10, ", and 2 more; rename the files"),
+    ],
+)
+def test_create_dataset_names_the_first_ten_bad_names_and_counts_the_rest(
+    tmp_path: Path, count: int, shown: int, tail: str
+) -> None:
+    names = [f"bad {i:02d}.batch" for i in range(count)]
+    with pytest.raises(WriteError) as caught:
+        create_dataset(tmp_path / "data", names)
+    text = str(caught.value)
+    assert tail in text
+    assert [repr(n) in text for n in names] == [i < shown for i in range(count)]
+    assert ("more;" in text) == (count > 10)
+    assert os.listdir(tmp_path / "data") == []
+
+
+@pytest.mark.parametrize("names", [None, []])
+def test_create_dataset_refuses_a_directory_without_batch_files(
+    tmp_path: Path, names: list[str] | None
+) -> None:
+    """Given no names, and with no ``*.batch`` file to take by default: nothing to describe."""
+    path = tmp_path / "data"
+    path.mkdir()
+    (path / "notes.txt").write_text("mine")
+    with pytest.raises(WriteError, match=r"no LLMBATCH files to describe \(\*\.batch\)"):
+        create_dataset(path, names)
+    assert os.listdir(path) == ["notes.txt"]
+
+
+def test_create_dataset_takes_the_first_listed_shards_seed_by_default(tmp_path: Path) -> None:
+    """SPEC.md 12.4: ``create_dataset`` takes the first shard's header seed unless told."""
+    path = _batch_files(tmp_path / "data", 3, seeds=(7, 8, 9))
+    assert create_dataset(path, ["part-1.batch", "part-2.batch", "part-0.batch"]).seed == 8
+
+
+@pytest.mark.parametrize(("seed", "ok"), [(0, True), (-1, False)])
+def test_create_dataset_takes_any_seed_from_zero(tmp_path: Path, seed: int, ok: bool) -> None:
+    path = _batch_files(tmp_path / "data", 1)
+    if ok:
+        assert create_dataset(path, seed=seed).seed == seed
+    else:
+        with pytest.raises(ValueError, match="seed must be at least 0, got -1"):
+            create_dataset(path, seed=seed)
+        assert not (path / MANIFEST_NAME).exists()
+
+
+@pytest.mark.parametrize(
+    ("argument", "message"),
+    [
+        ({"batch_size": 0}, r"batch_size must be in \[1, "),
+        ({"seq_len": 0}, r"seq_len must be in \[1, "),
+        ({"shard_batches": 0}, r"shard_batches must be in \[1, 2147483647\], got 0"),
+        ({"shard_batches": 2**31}, r"shard_batches must be in \[1, 2147483647\], got 2147483648"),
+        ({"seed": -1}, r"seed must be in \[0, "),
+    ],
+)
+def test_sharded_writer_arguments_out_of_range_are_refused_before_anything_is_written(
+    tmp_path: Path, argument: dict[str, int], message: str
+) -> None:
+    """SPEC.md 12.4: ``batch_size`` and ``seq_len`` from 1, ``shard_batches`` from 1 with
+    ``shard_batches * batch_size <= 2^32 - 1`` (here ``batch_size=2``), a seed from 0."""
+    kw: dict[str, Any] = {"batch_size": 2, "seq_len": 1, "shard_batches": 1, "seed": 0} | argument
+    with pytest.raises(WriteError, match=message):
+        write_sharded_dataset(tmp_path / "ds", [records(4, 1)], **kw)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_sharded_writer_takes_the_smallest_arguments(tmp_path: Path) -> None:
+    """One token a record, one record a batch, one batch a shard: a shard per record."""
+    manifest = write_sharded_dataset(
+        tmp_path / "ds", [records(3, 1)], batch_size=1, seq_len=1, shard_batches=1, seed=0
+    )
+    assert [s.records for s in manifest.shards] == [(0, 1), (1, 2), (2, 3)]
+
+
+@pytest.mark.parametrize(
+    ("shape", "shown"), [((2, 3), (2, 3)), ((1, 2, 1), (1, 2, 1)), ((), ()), ((3,), (1, 3))]
+)
+def test_sharded_writer_refuses_blocks_not_of_seq_len_records(
+    tmp_path: Path, shape: tuple[int, ...], shown: tuple[int, ...]
+) -> None:
+    """Records are ``[k, seq_len]`` blocks or single ``[seq_len]`` records; anything else is
+    named with its shape (a single record as a block of one), and the shards already written
+    are removed."""
+    bad = np.zeros(shape, dtype=np.uint32)
+    with pytest.raises(WriteError, match=re.escape(f"[k, seq_len=2] blocks, got shape {shown}")):
+        write_sharded_dataset(
+            tmp_path / "ds", [records(8, 2), bad], batch_size=4, seq_len=2, shard_batches=1
+        )
+    assert os.listdir(tmp_path / "ds") == []
+
+
+@pytest.mark.parametrize(("count", "words"), [(1, "1 record is"), (3, "3 records are")])
+def test_a_stream_that_fills_no_batch_is_refused_counting_its_records(
+    tmp_path: Path, count: int, words: str
+) -> None:
+    with pytest.raises(WriteError, match=f"0 batches: {words} fewer than batch_size=4"):
+        write_sharded_dataset(
+            tmp_path / "ds", [records(count, 2)], batch_size=4, seq_len=2, shard_batches=1
+        )
+    assert os.listdir(tmp_path / "ds") == []
+
+
+def test_a_stream_of_exactly_one_batch_is_a_dataset(tmp_path: Path) -> None:
+    manifest = write_sharded_dataset(
+        tmp_path / "ds", [records(4, 2)], batch_size=4, seq_len=2, shard_batches=2
+    )
+    assert manifest.num_batches == 1 and validate_dataset(tmp_path / "ds", deep=True).valid
+
+
+def test_an_overwrite_finishes_a_write_killed_before_its_manifest(tmp_path: Path) -> None:
+    """Shards and checksums without a manifest (a writer killed between the two): with
+    ``overwrite=True`` the directory ends holding exactly the new dataset."""
+    path = _one_slot_shards(tmp_path / "ds", 5)
+    (path / MANIFEST_NAME).unlink()
+    (path / "notes.txt").write_text("mine")
+    write_sharded_dataset(
+        path, [records(8, 2)], batch_size=4, seq_len=2, shard_batches=1, overwrite=True
+    )
+    assert sorted(os.listdir(path)) == [
+        CHECKSUMS_NAME,
+        MANIFEST_NAME,
+        "notes.txt",
+        "shard-00000.batch",
+        "shard-00001.batch",
+    ]
+    assert validate_dataset(path, deep=True).valid
+
+
+@pytest.mark.parametrize("bad", [(0, 17), (-1, 4), (5, 4)])
+def test_sources_outside_the_streams_records_are_refused_before_the_manifest(
+    tmp_path: Path, bad: tuple[int, int]
+) -> None:
+    """A source's ``[first, last)`` must lie within the 16 records of the stream: nothing is
+    left behind, neither a manifest nor the shards already written."""
+    first, last = bad
+    message = f"a.bin: records [{first}, {last}) are outside the dataset's 16 input records"
+    with pytest.raises(WriteError, match=re.escape(message)):
+        write_sharded_dataset(
+            tmp_path / "ds", [records(16, 2)], batch_size=4, seq_len=2, shard_batches=2,
+            sources=[Source("a.bin", bad)],
+        )  # fmt: skip
+    assert os.listdir(tmp_path / "ds") == []
+
+
+def test_an_interrupt_before_the_manifest_leaves_no_shard_or_checksums(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C after the checksums file is written and before the manifest removes what the
+    call wrote, so no shard listed by no manifest blocks the next write."""
+    path = tmp_path / "ds"
+    write = dataset_build.write_bytes_atomic
+
+    def interrupted(target: str, data: bytes, **kwargs: Any) -> None:
+        if os.path.basename(target) == MANIFEST_NAME:
+            assert os.path.exists(os.path.join(path, CHECKSUMS_NAME))
+            raise KeyboardInterrupt
+        write(target, data, **kwargs)
+
+    monkeypatch.setattr(dataset_build, "write_bytes_atomic", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_sharded_dataset(path, [records(16, 2)], batch_size=4, seq_len=2, shard_batches=2)
+    assert os.listdir(path) == []
+    monkeypatch.undo()
+    write_sharded_dataset(path, [records(16, 2)], batch_size=4, seq_len=2, shard_batches=2)
+    assert sorted(os.listdir(path)) == sorted(
+        [CHECKSUMS_NAME, MANIFEST_NAME, "shard-00000.batch", "shard-00001.batch"]
+    )
+
+
+def test_a_failing_sources_function_raises_its_own_error_after_removing_the_shards(
+    tmp_path: Path,
+) -> None:
+    """The shards this call wrote are removed, even when one is already gone, and the error
+    the caller sees is the one that stopped the write."""
+    path = tmp_path / "ds"
+
+    def sources() -> list[Source]:
+        (path / "shard-00001.batch").unlink()
+        raise KeyError("the input went away")
+
+    with pytest.raises(KeyError, match="the input went away"):
+        write_sharded_dataset(
+            path, [records(16, 2)], batch_size=4, seq_len=2, shard_batches=1, sources=sources
+        )
+    assert os.listdir(path) == []
+
+
+@pytest.mark.parametrize(
+    ("where", "name", "refused"),
+    [
+        ("output", "shard-00003.batch", True),
+        ("output", CHECKSUMS_NAME, True),
+        ("output", "tokens.bin", False),
+        ("elsewhere", "shard-00000.batch", False),
+        ("elsewhere", MANIFEST_NAME, False),
+    ],
+)
+def test_only_inputs_the_write_would_replace_are_refused(
+    tmp_path: Path, where: str, name: str, refused: bool
+) -> None:
+    """An input in the output directory under a name the dataset writes is refused, before
+    anything is written; the same name elsewhere, or another name there, is an input like any."""
+    out = tmp_path / "ds"
+    out.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    item = (out if where == "output" else tmp_path / "elsewhere") / name
+    item.write_bytes(b"input")
+    kw: dict[str, Any] = {"batch_size": 4, "seq_len": 2, "shard_batches": 1, "inputs": [item]}
+    if refused:
+        with pytest.raises(WriteError, match="input file would be replaced by the dataset"):
+            write_sharded_dataset(out, [records(8, 2)], **kw)
+        assert os.listdir(out) == [name]
+    else:
+        assert write_sharded_dataset(out, [records(8, 2)], **kw).num_batches == 2
+    assert item.read_bytes() == b"input"
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_first_sharded_write_goes_beside_a_subdirectory(tmp_path: Path, overwrite: bool) -> None:
+    """Only replacing a dataset stages it (and refuses entries it cannot carry over): the
+    first dataset written into a directory holding a subdirectory is written in place."""
+    out = tmp_path / "ds"
+    (out / "logs").mkdir(parents=True)
+    write_sharded_dataset(
+        out, [records(8, 2)], batch_size=4, seq_len=2, shard_batches=1, overwrite=overwrite
+    )
+    assert (out / "logs").is_dir() and validate_dataset(out, deep=True).valid
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_first_create_dataset_goes_beside_a_subdirectory(tmp_path: Path, overwrite: bool) -> None:
+    """As for the sharded writer: describing files that are not a dataset yet writes the
+    manifest in place, whatever else the directory holds."""
+    out = _batch_files(tmp_path / "data", 2)
+    (out / "logs").mkdir()
+    create_dataset(out, overwrite=overwrite)
+    assert (out / "logs").is_dir() and validate_dataset(out, deep=True).valid
+
+
+class _ShardReplacedAfterCarry(dataset_replace.StagedReplacement):
+    """A staged ``create_dataset`` overwrite during which another process replaces
+    ``part-1.batch`` (a new file renamed over it) once the shards are linked into staging."""
+
+    def carry(self) -> None:
+        super().carry()
+        victim = os.path.join(self.target, "part-1.batch")
+        write_batch_file(victim + ".new", records(8, 2), batch_size=4, seed=99)
+        os.replace(victim + ".new", victim)
+
+
+def test_a_shard_replaced_during_a_create_overwrite_stops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new manifest would describe the staged link, no longer the file at the path: the
+    overwrite is refused, naming the shard, and the old dataset stays as it was."""
+    out = _batch_files(tmp_path / "data", 2)
+    old = create_dataset(out)
+    monkeypatch.setattr(dataset_build, "StagedReplacement", _ShardReplacedAfterCarry)
+    with pytest.raises(WriteError, match=r"part-1\.batch was replaced while the dataset"):
+        create_dataset(out, overwrite=True)
+    assert DatasetReader(out).manifest == old
+    assert [n for n in os.listdir(tmp_path) if n != "data"] == []
+
+
+def test_a_dataset_whose_manifest_is_a_fifo_is_replaced_without_waiting_on_it(
+    tmp_path: Path,
+) -> None:
+    """The sharded writer reads the old manifest to learn which shards to drop; a FIFO is
+    never opened for a blocking read: the overwrite goes on and replaces it."""
+    out = _one_slot_shards(tmp_path / "ds", 2)
+    manifest = out / MANIFEST_NAME
+    manifest.unlink()
+    os.mkfifo(manifest)
+    promptly(
+        lambda: write_sharded_dataset(
+            out, [records(4, 2)], batch_size=4, seq_len=2, shard_batches=1, overwrite=True
+        ),
+        manifest,
+    )
+    assert manifest.is_file() and validate_dataset(out, deep=True).valid
+
+
+def test_an_empty_stream_with_allow_empty_is_a_dataset_of_no_shard(tmp_path: Path) -> None:
+    """SPEC.md 12.4: ``count = 0`` gives no shard (and an empty checksums file)."""
+    manifest = write_sharded_dataset(
+        tmp_path / "ds", [], batch_size=4, seq_len=2, shard_batches=1, allow_empty=True
+    )
+    assert manifest.shards == () and (tmp_path / "ds" / CHECKSUMS_NAME).read_bytes() == b""
+    assert validate_dataset(tmp_path / "ds", deep=True).valid
+
+
+def test_shard_file_names_lists_the_writers_shards_sorted(tmp_path: Path) -> None:
+    """``shard_file_names``: the names ``write_sharded_dataset`` gives, sorted; none for a
+    directory that does not exist."""
+    out = _one_slot_shards(tmp_path / "ds", 2)
+    (out / "shard-100000.batch").write_bytes(b"")
+    (out / "shard-1.batch").write_bytes(b"")
+    assert dataset_build.shard_file_names(str(out)) == [
+        "shard-00000.batch",
+        "shard-00001.batch",
+        "shard-100000.batch",
+    ]
+    assert dataset_build.shard_file_names(str(tmp_path / "missing")) == []
+
+
+def test_an_overwrite_drops_the_shards_of_an_old_manifest_of_64_mib(tmp_path: Path) -> None:
+    """SPEC.md 12.1: a manifest may have up to 64 MiB (here a real one padded with JSON
+    whitespace). The sharded writer reads an old manifest of any such size to learn its
+    shards, so the files ``create_dataset`` listed go with the dataset they belonged to."""
+    out = _batch_files(tmp_path / "data", 2)
+    create_dataset(out)
+    manifest = out / MANIFEST_NAME
+    with open(manifest, "ab") as f:
+        f.write(b" " * ((64 << 20) - manifest.stat().st_size))
+    write_sharded_dataset(
+        out, [records(4, 2)], batch_size=4, seq_len=2, shard_batches=1, overwrite=True
+    )
+    assert sorted(n for n in os.listdir(out) if n.endswith(".batch")) == ["shard-00000.batch"]
+
+
+def test_empty_blocks_in_the_record_stream_make_no_shard(tmp_path: Path) -> None:
+    """Blocks of no record are skipped wherever they come, a trailing one included."""
+    empty = np.zeros((0, 2), dtype=np.uint32)
+    manifest = write_sharded_dataset(
+        tmp_path / "ds",
+        [empty, records(4, 2), empty, records(4, 2) + 8, empty],
+        batch_size=4,
+        seq_len=2,
+        shard_batches=1,
+    )
+    assert [s.records for s in manifest.shards] == [(0, 4), (4, 8)]
+
+
+def test_a_dataset_whose_manifest_is_a_dangling_link_is_replaced(tmp_path: Path) -> None:
+    """A manifest that cannot be read still makes the directory a dataset; replacing it drops
+    the sharded writer's own names and keeps the rest."""
+    out = _one_slot_shards(tmp_path / "ds", 3)
+    (out / MANIFEST_NAME).unlink()
+    (out / MANIFEST_NAME).symlink_to("gone.json")
+    write_sharded_dataset(
+        out, [records(4, 2)], batch_size=4, seq_len=2, shard_batches=1, overwrite=True
+    )
+    assert sorted(os.listdir(out)) == [CHECKSUMS_NAME, MANIFEST_NAME, "shard-00000.batch"]
+    assert validate_dataset(out, deep=True).valid
+
+
+def test_an_old_manifest_over_256_mib_is_not_read_to_learn_its_shards(tmp_path: Path) -> None:
+    """``dataset_build._OLD_MANIFEST_LIMIT``: an old manifest larger than 256 MiB (a real one
+    padded with JSON whitespace, so its first 256 MiB would parse) is not read; its
+    replacement drops only the sharded writer's own names, and the files it listed stay."""
+    out = _batch_files(tmp_path / "data", 2)
+    create_dataset(out)
+    manifest = out / MANIFEST_NAME
+    left = (256 << 20) + 1 - manifest.stat().st_size
+    with open(manifest, "ab") as f:
+        chunk = b" " * (16 << 20)
+        while left:
+            left -= f.write(chunk[:left])
+    write_sharded_dataset(
+        out, [records(4, 2)], batch_size=4, seq_len=2, shard_batches=1, overwrite=True
+    )
+    assert sorted(n for n in os.listdir(out) if n.endswith(".batch")) == [
+        "part-0.batch",
+        "part-1.batch",
+        "shard-00000.batch",
+    ]
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda path: dataset_build.check_dataset_output(path),
+        lambda path: write_sharded_dataset(
+            path, [records(4, 2)], batch_size=4, seq_len=2, shard_batches=1
+        ),
+        lambda path: create_dataset(path),
+    ],
+    ids=["check_dataset_output", "write_sharded_dataset", "create_dataset"],
+)
+def test_an_existing_dataset_is_refused_unless_overwrite_is_asked(
+    tmp_path: Path, write: Any
+) -> None:
+    path = _one_slot_shards(tmp_path / "ds", 2)
+    before = (path / MANIFEST_NAME).read_bytes()
+    with pytest.raises(WriteError, match=r"already a dataset .* pass overwrite=True"):
+        write(path)
+    assert (path / MANIFEST_NAME).read_bytes() == before
+
+
+def test_the_sharded_writers_seed_defaults_to_zero(tmp_path: Path) -> None:
+    manifest = write_sharded_dataset(
+        tmp_path / "ds", [records(8, 2)], batch_size=4, seq_len=2, shard_batches=1
+    )
+    assert manifest.seed == 0
+    assert [s.seed for s in manifest.shards] == [shard_seed(0, 0), shard_seed(0, 1)]
+
+
+def test_shards_left_without_a_manifest_are_refused_naming_the_first(tmp_path: Path) -> None:
+    path = _one_slot_shards(tmp_path / "ds", 3)
+    (path / MANIFEST_NAME).unlink()
+    with pytest.raises(WriteError, match=r"holds shard files \(shard-00000\.batch, \.\.\.\)"):
+        write_sharded_dataset(path, [records(4, 2)], batch_size=4, seq_len=2, shard_batches=1)
+
+
+def test_a_shard_of_another_shape_is_named_against_the_first(tmp_path: Path) -> None:
+    path = _batch_files(tmp_path / "data", 2)
+    write_batch_file(path / "odd.batch", records(8, 3), batch_size=4)
+    message = (
+        "odd.batch has batch_size, seq_len = (4, 3); the first shard, part-0.batch, has (4, 2)"
+    )
+    with pytest.raises(WriteError, match=re.escape(message)):
+        create_dataset(path, ["part-0.batch", "part-1.batch", "odd.batch"])
+    assert not (path / MANIFEST_NAME).exists()
