@@ -76,7 +76,7 @@ from zerobatch_spec.live import (
 from .arguments import int_arg
 from .commit_cadence import Cadence, make_cadence
 from .errors import ZeroBatchError
-from .live_manifests import LiveError, ManifestChain
+from .live_manifests import ChainError, LiveError, ManifestChain
 from .storage import Store, StoreError, open_store
 
 PROBE_PREFIX = "probes/"
@@ -279,8 +279,10 @@ class LiveProducer:
         data = build_live_manifest(candidate)
         created = self.store.create(manifest_name(candidate.version), data)
         now = time.monotonic()
+        if created and not self._on_the_chain(candidate, data):
+            created = False  # the number was one retention had freed: try again on the newest
+            writers += self._rebase([self.chain.latest()])
         if created:
-            self._check_created(candidate, data)
             writers.append(self.producer_id)
             self.stats.commits += 1
             self.stats.batches += candidate.batches - self.base.batches
@@ -296,6 +298,34 @@ class LiveProducer:
         self.stats.windows.append(window)
         self.cadence.observe(window, not created, writers, now)
         return created
+
+    def _on_the_chain(self, candidate: LiveManifest, data: bytes) -> bool:
+        """Whether the version just created continues the chain, after checking its bytes
+        (``_check_created``); if not, it is deleted.
+
+        A conditional create only fails on a key that exists: if retention deleted ``v + 1``
+        (and, oldest first, ``v``) while this producer sat on ``v``, the create of ``v + 1``
+        succeeds beside the newer versions. So ``v`` must still exist after the create (then
+        ``v + 1`` was never deleted); where it does not, the versions after ``v + 1`` decide:
+        none, or a ``v + 2`` that follows from this one, and the commit stands; any other means
+        the number was reused, and the version, read by no one that follows the chain, is
+        deleted (``SPEC.md`` section 18.3).
+        """
+        version = candidate.version
+        self._check_created(candidate, data)
+        if self.store.exists(manifest_name(version - 1)):
+            return True
+        if not [v for v in self.chain.versions() if v > version]:
+            return True
+        after = self.chain.read(version + 1)
+        if after is not None:
+            try:
+                self.chain.check(candidate, after)
+                return True
+            except ChainError:
+                pass
+        self.store.delete(manifest_name(version))
+        return False
 
     def _check_created(self, candidate: LiveManifest, data: bytes) -> None:
         """Read the version just created back: another writer's bytes there mean the store let

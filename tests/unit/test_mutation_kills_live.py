@@ -4,6 +4,7 @@ live.py, live_manifests.py): each pins a behaviour the other tests left open."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import threading
 from collections.abc import Callable, Sequence
@@ -11,19 +12,28 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
+from zerobatch_spec import parse_header
 from zerobatch_spec.live import (
     DESCRIPTOR_NAME,
     Descriptor,
     LiveManifest,
+    build_descriptor,
     build_live_manifest,
     manifest_name,
     parse_descriptor,
+    parse_manifest_name,
 )
 
 from tests.remote.live_worker import B, T, batch, identify
-from zerobatch_core import BatchNativeLoader, Position, live_source
-from zerobatch_core.live import LiveProducer
+from zerobatch_core import BatchNativeLoader, Position, live, live_source
+from zerobatch_core.commit_cadence import Cadence
+from zerobatch_core.live import (
+    ConditionalCreateUnsupportedError,
+    LiveProducer,
+    probe_conditional_create,
+)
 from zerobatch_core.live_manifests import ChainError, LiveError, LiveTimeoutError, ManifestChain
 from zerobatch_core.live_source import LiveSource
 from zerobatch_core.retention import reclaim, record_watermark
@@ -734,3 +744,506 @@ def test_a_gap_right_after_the_oldest_version_is_refused_after_one_listing(
     )
     assert want in str(raised.value)
     assert store.listings == 1
+
+
+# -- the producer (live.py) ----------------------------------------------------------------------
+class _Rivalled(LocalStore):
+    """A local store where another producer, ``p-1``, commits on cue: with ``rival`` set, the
+    next ``races`` creates of a manifest version (every one with ``None``) are each preceded
+    by one commit of ``p-1`` (a real commit of that version), so they lose their race.
+    ``on_race`` (optional) runs after each such commit."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.rival: LiveProducer | None = None
+        self.races: int | None = None
+        self.on_race: Callable[[], None] | None = None
+        self._next = 0
+
+    def _create(self, key: str, data: bytes) -> bool:
+        if self.rival is not None and key.startswith("manifests/") and self.races != 0:
+            self.rival.append(batch(1, self._next))
+            self._next += 1
+            self.races = None if self.races is None else self.races - 1
+            if self.on_race is not None:
+                self.on_race()
+        return super()._create(key, data)
+
+
+class _Recording(Cadence):
+    """A cadence that records what it observes. It asks for a commit at every append when
+    ``due``, never otherwise; its pause between attempts is ``gap`` (none if not given)."""
+
+    def __init__(self, *, due: bool = False, gap: float | None = None) -> None:
+        self.always = due
+        if gap is not None:
+            self.gap = gap
+        self.observed: list[tuple[bool, list[str]]] = []
+
+    def due(self, pending: int, now: float) -> bool:
+        return self.always
+
+    def observe(self, window: float, conflicted: bool, writers: list[str], now: float) -> None:
+        self.observed.append((conflicted, list(writers)))
+
+
+def _rivalled(
+    tmp_path: Path, cadence: Cadence | int, races: int | None = None
+) -> tuple[LiveProducer, _Rivalled]:
+    """Producer ``p-0`` of a new dataset whose next ``races`` manifest creates lose to ``p-1``."""
+    path = str(tmp_path / "live")
+    store = _Rivalled(path)
+    producer = LiveProducer(store, "p-0", batch_size=B, seq_len=T, cadence=cadence)
+    store.rival = LiveProducer(path, "p-1", cadence=1, probe=False)
+    store.races = races
+    return producer, store
+
+
+def _read_all(path: str) -> list[tuple[int, int]]:
+    with LiveSource(path) as source:
+        return [identify(source.read_batch(g)) for g in range(source.committed)]
+
+
+def test_a_lost_race_is_counted_and_observed_as_a_conflict(tmp_path: Path) -> None:
+    """A commit whose create loses its race to another producer's version is counted as a
+    conflict and observed by the cadence as conflicted, with that producer as writer; the
+    retry that lands is counted as a commit and observed as not conflicted. ``windows`` holds
+    each attempt's fragile window and ``manifest_seconds`` their sum."""
+    cadence = _Recording()
+    producer, _ = _rivalled(tmp_path, cadence, races=1)
+    producer.append(batch(0, 0))
+    stats = producer.stats
+    assert (stats.attempts, stats.commits, stats.conflicts, stats.batches) == (0, 0, 0, 0)
+    assert stats.manifest_seconds == 0.0 and stats.windows == []
+    assert producer.commit() is True
+    assert (stats.attempts, stats.commits, stats.conflicts, stats.batches) == (2, 1, 1, 1)
+    assert cadence.observed == [(True, ["p-1"]), (False, ["p-0"])]
+    assert len(stats.windows) == 2 and all(0 <= w < 10 for w in stats.windows)
+    assert stats.manifest_seconds == pytest.approx(sum(stats.windows))
+    assert producer.committed == 1
+    assert _read_all(str(tmp_path / "live")) == [(1, 0), (0, 0)]
+
+
+def test_a_commit_retries_until_300_seconds_have_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit that keeps losing its race pauses ``min(0.5 s, the cadence's gap)`` between
+    attempts and, by default, gives up with ``LiveError`` once the clock shows a time more
+    than 300 s after it began: an attempt when the clock reads the deadline exactly is still
+    made. (The first lost race here takes 299.5 s, the others none.)"""
+    producer, store = _rivalled(tmp_path, _Recording(gap=0.75))
+    producer.append(batch(0, 0))
+    clock = _Clock()
+    monkeypatch.setattr(live, "time", clock)
+    took = [299.5]
+
+    def slow_race() -> None:
+        clock.now += took.pop() if took else 0.0
+
+    store.on_race = slow_race
+    with pytest.raises(LiveError, match=r"could not commit in 300 s \(3 conflicts\)"):
+        producer.commit()
+    assert clock.now == 1300.5
+    assert clock.sleeps == [0.5, 0.5]
+    assert producer.pending == 1 and producer.committed == 0
+
+
+def test_a_cadence_without_a_gap_retries_a_lost_race_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a fixed cadence (no gap), a commit retries a lost race without pausing."""
+    producer, _ = _rivalled(tmp_path, 1, races=2)
+    clock = _Clock()
+    monkeypatch.setattr(live, "time", clock)
+    producer.append(batch(0, 0))  # the cadence's commit loses the first race
+    assert producer.commit() is True  # loses the second, then lands
+    assert clock.sleeps == [0.0]
+    assert producer.stats.conflicts == 2
+
+
+def test_without_retry_a_lost_race_leaves_the_objects_pending(tmp_path: Path) -> None:
+    """``append``'s commit and ``commit(retry=False)`` make one attempt: after a lost race
+    the objects stay pending (``commit`` returns False), the producer's committed offset is
+    the winner's record of it, and a later attempt commits them."""
+    producer, _ = _rivalled(tmp_path, _Recording(due=True), races=2)
+    producer.append(batch(0, 0))
+    assert (producer.pending, producer.committed, producer.stats.conflicts) == (1, 0, 1)
+    assert producer.commit(retry=False) is False
+    assert (producer.pending, producer.committed, producer.stats.conflicts) == (1, 0, 2)
+    assert producer.commit(retry=False) is True
+    assert (producer.pending, producer.committed, producer.offset) == (0, 1, 1)
+    assert _read_all(str(tmp_path / "live")) == [(1, 0), (1, 1), (0, 0)]
+
+
+def test_a_commit_rebases_on_the_newest_of_the_versions_committed_since_its_base(
+    tmp_path: Path,
+) -> None:
+    """Versions that other producers committed since the producer's base are all read before
+    its attempt, and it builds on the newest: no conflict, and the cadence observes every
+    writer read."""
+    cadence = _Recording()
+    path = str(tmp_path / "live")
+    producer = LiveProducer(path, "p-0", batch_size=B, seq_len=T, cadence=cadence)
+    with LiveProducer(path, "p-1", cadence=1, probe=False) as other:
+        other.append(batch(1, 0))
+        other.append(batch(1, 1))
+    producer.append(batch(0, 0))
+    assert producer.commit(retry=False) is True
+    assert (producer.stats.attempts, producer.stats.conflicts) == (1, 0)
+    assert cadence.observed == [(False, ["p-1", "p-1", "p-0"])]
+    assert producer.base.version == 3 and _versions(path)[-1] == 3
+
+
+def test_a_commit_with_nothing_pending_is_true_and_writes_nothing(tmp_path: Path) -> None:
+    """``commit`` with nothing appended returns True without an attempt or a new version."""
+    path = str(tmp_path / "live")
+    producer = LiveProducer(path, "p-0", batch_size=B, seq_len=T, cadence=100)
+    assert producer.commit() is True
+    assert producer.stats.attempts == 0 and _versions(path) == [0]
+
+
+def test_items_a_twin_committed_are_dropped_without_a_new_version(tmp_path: Path) -> None:
+    """A zombie twin's pending items that the newest version already holds (its other life
+    committed them) are dropped: its commit, even without retry, is done (True) with no
+    attempt and no new version."""
+    path = str(tmp_path / "live")
+    zombie = LiveProducer(path, "p-0", batch_size=B, seq_len=T, cadence=100)
+    zombie.append(batch(0, 0))
+    zombie.append(batch(0, 1))
+    with LiveProducer(path, "p-0", cadence=100, probe=False) as twin:
+        twin.append(batch(0, 0))
+        twin.append(batch(0, 1))
+    versions = _versions(path)
+    assert zombie.commit(retry=False) is True
+    assert (zombie.pending, zombie.committed, zombie.stats.attempts) == (0, 2, 0)
+    assert _versions(path) == versions
+    assert _read_all(path) == [(0, 0), (0, 1)]
+
+
+def test_pending_items_that_overlap_a_committed_object_raise_live_error(tmp_path: Path) -> None:
+    """A zombie whose pending object covers items ``1..2`` while its other life committed
+    ``0..1`` as one object cannot commit it (an overlap): ``LiveError`` naming the store and
+    the offsets, and nothing is committed."""
+    path = str(tmp_path / "live")
+    zombie = LiveProducer(path, "p-0", batch_size=B, seq_len=T, cadence=100)
+    zombie.append(batch(0, 0))
+    zombie.append(np.stack([batch(0, 1), batch(0, 2)]))
+    with LiveProducer(path, "p-0", cadence=100, probe=False) as twin:
+        twin.append(np.stack([batch(0, 0), batch(0, 1)]))
+    versions = _versions(path)
+    want = r"pending items start at 1, but its committed stream ends at 2 \(an overlap\)"
+    with pytest.raises(LiveError, match=want) as raised:
+        zombie.commit()
+    assert str(raised.value).startswith(f"{zombie.store.url}: ")
+    assert _versions(path) == versions
+
+
+@pytest.mark.parametrize("ending", ["close", "exception"])
+def test_a_closed_producer_refuses_appends(tmp_path: Path, ending: str) -> None:
+    """After ``close``, or a ``with`` block left by an exception (its pending objects left
+    uncommitted), ``append`` raises ``ValueError`` saying the producer is closed."""
+    path = str(tmp_path / "live")
+    producer = LiveProducer(path, "p-0", batch_size=B, seq_len=T, cadence=100)
+    if ending == "close":
+        producer.append(batch(0, 0))
+        producer.close()
+    else:
+        with pytest.raises(RuntimeError), producer:
+            producer.append(batch(0, 0))
+            raise RuntimeError("the caller failed")
+    with pytest.raises(ValueError, match="producer p-0 is closed"):
+        producer.append(batch(0, 1))
+    assert _read_all(path) == ([(0, 0)] if ending == "close" else [])
+
+
+class _Refusing(LocalStore):
+    """A store whose conditional create never creates anything."""
+
+    def _create(self, key: str, data: bytes) -> bool:
+        return False
+
+
+class _Overwriting(LocalStore):
+    """A store whose conditional create overwrites (a service ignoring ``If-None-Match``)."""
+
+    def _create(self, key: str, data: bytes) -> bool:
+        self._write(key, data)
+        return True
+
+
+class _OverwritingUnseen(LocalStore):
+    """A store whose conditional create of a taken key reports failure, but overwrites."""
+
+    def _create(self, key: str, data: bytes) -> bool:
+        taken = self.exists(key)
+        self._write(key, data)
+        return not taken
+
+
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [
+        (_Overwriting, "a second create of the same key succeeded"),
+        (_Refusing, "a second create of the same key did not behave as one"),
+        (_OverwritingUnseen, "a second create of the same key did not behave as one"),
+    ],
+)
+def test_the_probe_says_how_a_store_failed_it(
+    tmp_path: Path, kind: type[LocalStore], why: str
+) -> None:
+    """The probe refuses a store whose second create of a key succeeds, one whose first create
+    fails and one whose failed second create still replaced the bytes, with
+    ``ConditionalCreateUnsupportedError`` saying which, and leaves no probe object behind."""
+    store = kind(str(tmp_path / "store"))
+    with pytest.raises(ConditionalCreateUnsupportedError) as raised:
+        probe_conditional_create(store)
+    assert f"({why})" in str(raised.value)
+    assert store.list_keys() == []
+
+
+def test_an_empty_append_is_refused(tmp_path: Path) -> None:
+    """``append`` of ``[0, batch_size, seq_len]`` (no batch) raises ``ValueError`` and writes
+    nothing."""
+    path = tmp_path / "live"
+    with LiveProducer(str(path), "p-0", batch_size=B, seq_len=T, cadence=1) as producer:
+        with pytest.raises(ValueError, match=r"append takes \[4, 16\] or \[n, 4, 16\]"):
+            producer.append(np.zeros((0, B, T), dtype=np.uint32))
+        assert producer.pending == 0 and producer.offset == 0
+    assert not (path / "batches").exists() or not any((path / "batches").rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [np.zeros((B, T), dtype=np.float64), np.full((B, T), 2**32, dtype=np.int64)],
+    ids=["float", "2**32"],
+)
+def test_tokens_that_are_not_u32_integers_are_refused(
+    tmp_path: Path, tokens: npt.NDArray[Any]
+) -> None:
+    """Float tokens (even whole and in range) and integers above ``2**32 - 1`` are refused
+    with ``ValueError``."""
+    with LiveProducer(str(tmp_path / "live"), "p-0", batch_size=B, seq_len=T) as producer:
+        with pytest.raises(ValueError, match="tokens must be integers in"):
+            producer.append(tokens)
+        assert producer.pending == 0
+
+
+def test_the_largest_u32_token_is_accepted_from_a_wider_integer_type(tmp_path: Path) -> None:
+    """Token ``2**32 - 1`` in an ``int64`` array is accepted and read back as that value."""
+    path = str(tmp_path / "live")
+    tokens = np.full((B, T), 2**32 - 1, dtype=np.int64)
+    tokens[0, 0] = 0
+    with LiveProducer(path, "p-0", batch_size=B, seq_len=T, cadence=1) as producer:
+        producer.append(tokens)
+    with LiveSource(path) as source:
+        assert np.array_equal(source.read_batch(0), tokens.astype(np.uint32))
+
+
+def test_a_batch_object_has_seed_0_and_batch_size_records_per_batch(tmp_path: Path) -> None:
+    """SPEC.md 17.2: writers give a batch object ``seed = 0`` and ``total_records =
+    num_batches * batch_size``; its manifest entry says the same."""
+    path = str(tmp_path / "live")
+    with LiveProducer(path, "p-0", batch_size=B, seq_len=T, seed=5, cadence=1) as producer:
+        producer.append(np.stack([batch(0, 0), batch(0, 1), batch(0, 2)]))
+        (entry,) = producer.base.tail
+    header = parse_header(LocalStore(path).read(entry.name))
+    assert (header.num_batches, header.seed, header.total_records) == (3, 0, 3 * B)
+    assert (entry.num_batches, entry.seed, entry.total_records) == (3, 0, 3 * B)
+
+
+def test_a_dataset_created_without_a_seed_records_seed_0(tmp_path: Path) -> None:
+    """``seed`` defaults to 0 in the descriptor of a dataset a producer creates."""
+    path = str(tmp_path / "live")
+    with LiveProducer(path, "p-0", batch_size=B, seq_len=T) as producer:
+        assert producer.descriptor.seed == 0
+    found = parse_descriptor(LocalStore(path).read(DESCRIPTOR_NAME))
+    assert isinstance(found, Descriptor) and found.seed == 0
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "rule"),
+    [
+        ("batch_size", 0, r"batch_size must be in \[1, 2\*\*32 - 1\], got 0"),
+        ("batch_size", 2**32, r"batch_size must be in \[1, 2\*\*32 - 1\], got 4294967296"),
+        ("seq_len", 0, r"seq_len must be in \[1, 2\*\*32 - 1\], got 0"),
+        ("seq_len", 2**32, r"seq_len must be in \[1, 2\*\*32 - 1\], got 4294967296"),
+        ("seed", -1, r"seed must be in \[0, 2\*\*64 - 1\], got -1"),
+        ("seed", 2**64, r"seed must be in \[0, 2\*\*64 - 1\], got 18446744073709551616"),
+        ("segment_size", 0, r"segment_size must be in \[1, 1048576\], got 0"),
+        ("segment_size", 2**20 + 1, r"segment_size must be in \[1, 1048576\], got 1048577"),
+    ],
+)
+def test_creating_a_live_dataset_refuses_arguments_outside_the_spec_ranges(
+    tmp_path: Path, argument: str, value: int, rule: str
+) -> None:
+    """SPEC.md 17.1: ``batch_size`` and ``seq_len`` in ``1 .. 2^32 - 1``, ``seed`` in
+    ``0 .. 2^64 - 1``, ``segment_size`` in ``1 .. 2^20``. A value outside is refused with
+    ``ValueError`` naming the argument and its range, and nothing is written."""
+    path = tmp_path / "live"
+    kwargs: dict[str, Any] = {"batch_size": B, "seq_len": T, "seed": 0, "segment_size": 4}
+    kwargs[argument] = value
+    with pytest.raises(ValueError, match=rule):
+        LiveProducer(str(path), "p-0", **kwargs)
+    assert not path.exists() or not any(path.rglob("*.json"))
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "seq_len", "seed", "segment_size"),
+    [(1, 1, 0, 1), (2**32 - 1, 2**32 - 1, 2**64 - 1, 2**20)],
+)
+def test_creating_a_live_dataset_accepts_the_ends_of_the_spec_ranges(
+    tmp_path: Path, batch_size: int, seq_len: int, seed: int, segment_size: int
+) -> None:
+    """SPEC.md 17.1's smallest and largest values are accepted and recorded in ``live.json``."""
+    path = str(tmp_path / "live")
+    with LiveProducer(
+        path, "p-0", batch_size=batch_size, seq_len=seq_len, seed=seed, segment_size=segment_size
+    ) as p:
+        assert (p.batch_size, p.seq_len) == (batch_size, seq_len)
+    found = parse_descriptor(LocalStore(path).read(DESCRIPTOR_NAME))
+    assert isinstance(found, Descriptor)
+    assert (found.batch_size, found.seq_len, found.seed, found.segment_size) == (
+        batch_size,
+        seq_len,
+        seed,
+        segment_size,
+    )
+
+
+@pytest.mark.parametrize(("batch_size", "seq_len"), [(B, None), (None, T)])
+def test_creating_a_live_dataset_needs_both_batch_size_and_seq_len(
+    tmp_path: Path, batch_size: int | None, seq_len: int | None
+) -> None:
+    """Only one of ``batch_size`` and ``seq_len`` cannot create a dataset: ``LiveError``
+    asking for both, and nothing is written."""
+    path = tmp_path / "live"
+    with pytest.raises(LiveError, match="give batch_size and seq_len to create one"):
+        LiveProducer(str(path), "p-0", batch_size=batch_size, seq_len=seq_len)
+    assert not path.exists() or not any(path.rglob("*.json"))
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "seq_len"), [(B + 1, None), (None, T + 1), (B + 1, T), (B, T + 1)]
+)
+def test_opening_a_live_dataset_with_another_shape_is_refused(
+    tmp_path: Path, batch_size: int | None, seq_len: int | None
+) -> None:
+    """A ``batch_size`` or ``seq_len`` given (alone or with the other) that differs from the
+    dataset's is refused with ``LiveError`` naming both shapes."""
+    path = str(tmp_path / "live")
+    _produce(path, [1])
+    want = rf"holds \[4, 16\] batches, not \[{batch_size}, {seq_len}\]"
+    with pytest.raises(LiveError, match=want):
+        LiveProducer(path, "p-1", batch_size=batch_size, seq_len=seq_len)
+
+
+@pytest.mark.parametrize("creator_died", [False, True])
+def test_the_first_commit_is_version_1_after_version_0(tmp_path: Path, creator_died: bool) -> None:
+    """The producer that creates a dataset creates version 0 (no entries); SPEC.md 17.1: one
+    that finds the descriptor but no version (its creator died in between) creates version 0
+    itself. Either way the first commit is version 1."""
+    path = str(tmp_path / "live")
+    _produce(path, [])
+    assert _versions(path) == [0]
+    if creator_died:
+        _drop(path, 0)
+    _produce(path, [2])
+    assert _versions(path) == [0, 1]
+    assert _read_all(path) == [(0, 0), (0, 1)]
+
+
+def test_a_producer_that_loses_the_creation_race_takes_the_winners_descriptor(
+    tmp_path: Path,
+) -> None:
+    """Two producers create a dataset at once and the other one's descriptor lands first (its
+    version 0 not yet): this producer takes that descriptor, creates version 0 for it, and
+    commits on it."""
+    winner = Descriptor(B, T, 7, "0123456789abcdef" * 2, 3)
+
+    class Raced(LocalStore):
+        def _create(self, key: str, data: bytes) -> bool:
+            if key == DESCRIPTOR_NAME:
+                super()._create(key, build_descriptor(winner))
+            return super()._create(key, data)
+
+    path = str(tmp_path / "live")
+    with LiveProducer(Raced(path), "p-0", batch_size=B, seq_len=T, cadence=1) as producer:
+        assert producer.descriptor == winner
+        producer.append(batch(0, 0))
+    assert _versions(path) == [0, 1]
+    assert _chain(path).latest().dataset_id == winner.dataset_id
+    assert _read_all(path) == [(0, 0)]
+
+
+def test_opening_after_retention_reclaimed_version_0_does_not_create_it_again(
+    tmp_path: Path,
+) -> None:
+    """A producer opening a dataset whose old versions retention deleted (version 0 among
+    them) builds on the newest version and does not create version 0 again."""
+    path = str(tmp_path / "live")
+    _produce(path, [1] * 4)
+    reclaim(path, keep_versions=1)
+    assert _versions(path) == [4]
+    with LiveProducer(path, "p-1", cadence=1) as producer:
+        producer.append(batch(1, 0))
+    assert _versions(path) == [4, 5]
+    assert _read_all(path)[-1] == (1, 0)
+
+
+# -- a producer behind retention -------------------------------------------------------------------
+def test_an_idle_producer_commits_on_the_newest_version_after_retention(tmp_path: Path) -> None:
+    """A producer that sat on version 0 while another committed versions 1 to 6 and retention
+    deleted versions 0 to 4 does not re-create version 1 beside them (its conditional create
+    would succeed, the key being free): it commits version 7, the readers see every batch, and
+    retention runs again."""
+    path = str(tmp_path / "live")
+    idle = LiveProducer(path, "p-0", batch_size=B, seq_len=T, cadence=100)
+    with LiveProducer(path, "p-1", cadence=1) as busy:
+        for i in range(6):
+            busy.append(batch(1, i))
+    reclaim(path, keep_versions=2)
+    idle.append(batch(0, 0))
+    assert idle.commit() is True
+    assert (idle.base.version, idle.committed, idle.stats.conflicts) == (7, 1, 1)
+    assert sorted(os.listdir(os.path.join(path, "manifests"))) == [
+        manifest_name(v).split("/")[1] for v in (5, 6, 7)
+    ]
+    assert _read_all(path)[-1] == (0, 0)
+    assert reclaim(path, keep_versions=2).committed == 7
+
+
+class _ReclaimedBehind(LocalStore):
+    """A local store where, right after the next create of a manifest version succeeds,
+    producer ``p-1`` commits once on it and the version before it is deleted (retention,
+    oldest first): the version just created is then legitimate though its base is gone."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.rival: LiveProducer | None = None
+
+    def _create(self, key: str, data: bytes) -> bool:
+        created = super()._create(key, data)
+        rival, self.rival = self.rival, None
+        if created and rival is not None and key.startswith("manifests/"):
+            rival.append(batch(1, 0))
+            version = parse_manifest_name(key)
+            assert version is not None
+            self.delete(manifest_name(version - 1))
+        return created
+
+
+def test_a_commit_whose_base_retention_deleted_afterwards_stands(tmp_path: Path) -> None:
+    """A version whose base is gone once it is created, but that the next version follows,
+    is a commit: it is kept, counted as one, and the batches of both producers are served."""
+    path = str(tmp_path / "live")
+    store = _ReclaimedBehind(path)
+    producer = LiveProducer(store, "p-0", batch_size=B, seq_len=T, cadence=100)
+    rival = LiveProducer(path, "p-1", cadence=1, probe=False)
+    producer.append(batch(0, 0))
+    store.rival = rival
+    assert producer.commit() is True
+    assert (producer.base.version, producer.stats.commits, producer.stats.conflicts) == (1, 1, 0)
+    assert sorted(os.listdir(os.path.join(path, "manifests"))) == [
+        manifest_name(v).split("/")[1] for v in (1, 2)
+    ]
+    assert _read_all(path) == [(0, 0), (1, 0)]
