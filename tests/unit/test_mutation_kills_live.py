@@ -1191,59 +1191,82 @@ def test_opening_after_retention_reclaimed_version_0_does_not_create_it_again(
 
 
 # -- a producer behind retention -------------------------------------------------------------------
-def test_an_idle_producer_commits_on_the_newest_version_after_retention(tmp_path: Path) -> None:
-    """A producer that sat on version 0 while another committed versions 1 to 6 and retention
-    deleted versions 0 to 4 does not re-create version 1 beside them (its conditional create
-    would succeed, the key being free): it commits version 7, the readers see every batch, and
-    retention runs again."""
+@pytest.mark.parametrize("busy", [6, 3], ids=["next-reclaimed", "next-kept"])
+def test_an_idle_producer_commits_on_the_newest_version_after_retention(
+    tmp_path: Path, busy: int
+) -> None:
+    """A producer that sat on version 0 while another committed versions 1 to ``busy`` and
+    retention kept only the newest two does not leave a version 1 beside them (its conditional
+    create succeeds, the key being free; version 2 is then gone, or kept and built on another
+    version 1): it deletes that version, commits ``busy + 1``, the readers see every batch,
+    and retention runs again."""
     path = str(tmp_path / "live")
     idle = LiveProducer(path, "p-0", batch_size=B, seq_len=T, cadence=100)
-    with LiveProducer(path, "p-1", cadence=1) as busy:
-        for i in range(6):
-            busy.append(batch(1, i))
+    with LiveProducer(path, "p-1", cadence=1) as producer:
+        for i in range(busy):
+            producer.append(batch(1, i))
     reclaim(path, keep_versions=2)
     idle.append(batch(0, 0))
     assert idle.commit() is True
-    assert (idle.base.version, idle.committed, idle.stats.conflicts) == (7, 1, 1)
+    assert (idle.base.version, idle.committed, idle.stats.conflicts) == (busy + 1, 1, 1)
     assert sorted(os.listdir(os.path.join(path, "manifests"))) == [
-        manifest_name(v).split("/")[1] for v in (5, 6, 7)
+        manifest_name(v).split("/")[1] for v in (busy - 1, busy, busy + 1)
     ]
     assert _read_all(path)[-1] == (0, 0)
-    assert reclaim(path, keep_versions=2).committed == 7
+    assert reclaim(path, keep_versions=2).committed == busy + 1
 
 
-class _ReclaimedBehind(LocalStore):
-    """A local store where, right after the next create of a manifest version succeeds,
-    producer ``p-1`` commits once on it and the version before it is deleted (retention,
-    oldest first): the version just created is then legitimate though its base is gone."""
+class _ReclaimedBehind(_Counting):
+    """A local store (counting listings) where, with ``armed``, right after the next create
+    of a manifest version succeeds, ``rival`` (if any) commits once on it and the version
+    before it is deleted (retention, oldest first): the version just created is then
+    legitimate though its base is gone."""
 
     def __init__(self, root: str) -> None:
         super().__init__(root)
+        self.armed = False
         self.rival: LiveProducer | None = None
 
     def _create(self, key: str, data: bytes) -> bool:
         created = super()._create(key, data)
-        rival, self.rival = self.rival, None
-        if created and rival is not None and key.startswith("manifests/"):
-            rival.append(batch(1, 0))
+        if created and self.armed and key.startswith("manifests/"):
+            self.armed = False
+            if self.rival is not None:
+                self.rival.append(batch(1, 0))
             version = parse_manifest_name(key)
             assert version is not None
             self.delete(manifest_name(version - 1))
         return created
 
 
-def test_a_commit_whose_base_retention_deleted_afterwards_stands(tmp_path: Path) -> None:
-    """A version whose base is gone once it is created, but that the next version follows,
-    is a commit: it is kept, counted as one, and the batches of both producers are served."""
+@pytest.mark.parametrize("rival", [True, False], ids=["built-on", "newest"])
+def test_a_commit_whose_base_retention_deleted_afterwards_stands(
+    tmp_path: Path, rival: bool
+) -> None:
+    """A version whose base is gone once it is created, but that is the newest or that the
+    next version follows, is a commit: it is kept, counted as one, and its batches served."""
     path = str(tmp_path / "live")
     store = _ReclaimedBehind(path)
     producer = LiveProducer(store, "p-0", batch_size=B, seq_len=T, cadence=100)
-    rival = LiveProducer(path, "p-1", cadence=1, probe=False)
+    if rival:
+        store.rival = LiveProducer(path, "p-1", cadence=1, probe=False)
     producer.append(batch(0, 0))
-    store.rival = rival
+    store.armed = True
     assert producer.commit() is True
     assert (producer.base.version, producer.stats.commits, producer.stats.conflicts) == (1, 1, 0)
+    versions = (1, 2) if rival else (1,)
     assert sorted(os.listdir(os.path.join(path, "manifests"))) == [
-        manifest_name(v).split("/")[1] for v in (1, 2)
+        manifest_name(v).split("/")[1] for v in versions
     ]
-    assert _read_all(path) == [(0, 0), (1, 0)]
+    assert _read_all(path) == ([(0, 0), (1, 0)] if rival else [(0, 0)])
+
+
+def test_commits_on_the_newest_version_list_nothing(tmp_path: Path) -> None:
+    """A producer's commits, the first (on version 0) and the later ones, cost no listing of
+    the store: only a commit whose base is gone lists the versions."""
+    store = _ReclaimedBehind(str(tmp_path / "live"))
+    producer = LiveProducer(store, "p-0", batch_size=B, seq_len=T, cadence=1)
+    opened = store.listings
+    for i in range(3):
+        producer.append(batch(0, i))
+    assert (producer.base.version, store.listings) == (3, opened)
