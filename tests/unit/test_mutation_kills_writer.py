@@ -866,3 +866,24 @@ def test_a_stream_too_short_for_a_batch_is_still_checked_item_by_item(tmp_path: 
         WriteError, match=r"item at record 1: expected shape \(4,\) or \(k, 4\), got \(1, 3\)"
     ):
         write_batch_dataset(tmp_path / "x.batch", iter(blocks), 2, 4, 4, allow_empty=True)
+
+
+def test_a_temporary_named_for_this_process_is_never_stale(tmp_path: Path) -> None:
+    """A temporary whose name carries this process's pid belongs to a writer of this process
+    (another thread's, perhaps not yet locked): the sweep every writer makes keeps it."""
+    mine = tmp_path / f".x.batch.{os.getpid()}.0a1b2c3d.tmp"
+    mine.write_bytes(b"in progress")
+    writer_module.remove_stale_temporaries(tmp_path)
+    write_batch_file(tmp_path / "other.batch", records(8, 4), batch_size=4, seq_len=4)
+    assert mine.read_bytes() == b"in progress"
+
+
+def test_a_negative_seed_of_a_record_stream_is_refused(tmp_path: Path) -> None:
+    """``write_batch_dataset``'s seed is a u32 like the file's: -1 is refused, naming it, and
+    nothing is written; 0 is accepted."""
+    out = tmp_path / "out.batch"
+    with pytest.raises(WriteError, match="seed"):
+        write_batch_dataset(out, [records(8, 4)], total_records=8, batch_size=4, seq_len=4, seed=-1)
+    assert not out.exists()
+    write_batch_dataset(out, [records(8, 4)], total_records=8, batch_size=4, seq_len=4, seed=0)
+    assert out.exists()
