@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import faulthandler
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -108,6 +109,41 @@ def test_a_sharded_orders_repr_leaves_out_its_cache() -> None:
     order = sharded_order([3, 2, 4], 2, seed=5)
     order.epoch_order(0)
     assert "_cache" not in repr(order)
+
+
+def test_a_sharded_orders_repr_shows_only_what_it_was_made_from() -> None:
+    # The block layout is derived state: per-shard arrays that would repeat the shard list.
+    assert repr(ShardedBlockOrder((3, 2, 4), 2, seed=5)) == (
+        "ShardedBlockOrder(shard_batches=(3, 2, 4), block_size=2, seed=5, shuffle=True)"
+    )
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_sharded_spans_from_any_start_are_never_empty_and_start_there(
+    shuffle: bool, seed: int
+) -> None:
+    # The loader reads ahead and checks the shard once per span, so a resumed epoch must not
+    # begin with an empty or inverted span before the one that holds its first position.
+    order = sharded_order([5, 2, 7, 1, 4], 3, seed=seed, shuffle=shuffle)
+    full = order.epoch_order(2).tolist()
+    for start in range(len(full) + 1):
+        spans = list(order.spans(2, start))
+        assert all(s.stop > s.start for s in spans), (start, spans)
+        assert [i for s in spans for i in range(s.start, s.stop)] == full[start:], start
+        if start < len(full):
+            assert spans[0].start == full[start], start
+
+
+@pytest.mark.parametrize("shard_batches", [(), (0,), (0, 0, 0)])
+def test_a_sharded_order_without_slots_is_empty_and_warns_of_nothing(
+    shard_batches: tuple[int, ...],
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no division by a zero block size on the way
+        order = ShardedBlockOrder(shard_batches, 4, seed=1)
+        assert order.num_batches == 0
+        assert list(order.spans(0)) == [] and order.epoch_order(0).tolist() == []
 
 
 def test_a_sharded_order_checks_its_block_size_when_made() -> None:
