@@ -643,7 +643,7 @@ class BatchNativeLoader:
             regions = [source.read_batch(i)[rows, lo:end] for i, _ in run]
             chunk = self._pool().take()[:k]
             for j, region in enumerate(regions):
-                np.copyto(chunk[j], region[:, c0 - lo :], casting="safe")
+                np.copyto(chunk[j], region[:, c0 - lo : c1 - lo], casting="safe")
         after = [step_after for _, step_after in run]
         if regions is None:  # int64 tokens, or int64 pairs: views made by NumPy in one go
             pairs = self._labels_pool is not None

@@ -14,7 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zerobatch_core import BatchFileReader, BatchNativeLoader, StateError
+from zerobatch_core import (
+    BatchFileReader,
+    BatchNativeLoader,
+    StateError,
+    write_batch_file,
+    write_sharded_dataset,
+)
+from zerobatch_core.documents import document_layout
 from zerobatch_core.loader import Position, normalize_skips
 
 
@@ -364,3 +371,122 @@ def test_a_state_origin_before_step_zero_is_refused(make_file: Callable[..., Pat
     loader = BatchNativeLoader(make_file(n=40, batch_size=4))
     with pytest.raises(StateError, match=r"state origin -1 is outside \[0, step\]"):
         loader.load_state_dict(dict(loader.state_dict(), origin=-1))
+
+
+def _periodic_file(path: Path, batch_size: int = 4, seq_len: int = 9) -> Path:
+    # Tokens 0..6 over and over: document starts (token 0) fall at varying columns.
+    tokens = (np.arange(48 * seq_len) % 7).reshape(48, seq_len).astype(np.uint32)
+    write_batch_file(path, tokens, batch_size, seed=3)
+    return path
+
+
+def _uint32_items(path: Path | str, **kw: Any) -> list[Any]:
+    return [
+        tuple(np.array(a) for a in item) if isinstance(item, tuple) else np.array(item)
+        for item in BatchNativeLoader(path, dtype="uint32", label_dtype="uint32", seed=5, **kw)
+    ]
+
+
+@pytest.mark.parametrize("global_batch_size", [4, 2, 8])  # one batch per step, parts, several
+@pytest.mark.parametrize("source", ["file", "dataset"])
+@pytest.mark.parametrize("dtype", ["uint32", "int32", "int64"])
+@pytest.mark.parametrize("label_dtype", ["uint32", "int64", None])  # None: no labels
+@pytest.mark.parametrize("bos_id", [None, 0])
+def test_every_output_dtype_serves_the_uint32_tokens_with_the_dtypes_asked_for(
+    tmp_path: Path,
+    global_batch_size: int,
+    source: str,
+    dtype: str,
+    label_dtype: str | None,
+    bos_id: int | None,
+) -> None:
+    # Each conversion path (chunked int64 stage, per-step conversion, views) against the
+    # plain uint32 items: same tokens, the dtypes asked for, document layouts of the inputs.
+    path: Path | str = _periodic_file(tmp_path / "f.batch")
+    if source == "dataset":
+        reader = BatchFileReader(path)
+        rows = reader.read_batches(0, reader.num_batches).reshape(-1, reader.seq_len)
+        write_sharded_dataset(
+            tmp_path / "d", [rows], batch_size=4, seq_len=reader.seq_len, shard_batches=5
+        )
+        reader.close()
+        path = tmp_path / "d"
+    next_token = label_dtype is not None
+    common: dict[str, Any] = {"next_token": next_token, "global_batch_size": global_batch_size}
+    expected = _uint32_items(path, **common)
+    loader = BatchNativeLoader(
+        path,
+        dtype=dtype,  # type: ignore[arg-type]
+        label_dtype=label_dtype or "int64",  # type: ignore[arg-type]
+        bos_id=bos_id,
+        seed=5,
+        **common,
+    )
+    got = list(loader)
+    assert len(got) == len(expected) > 0
+    for step, (item, want) in enumerate(zip(got, expected, strict=True)):
+        if bos_id is not None:
+            assert isinstance(item, dict), step
+            tokens = item["inputs"] if next_token else item["tokens"]
+            layout = document_layout(want[0] if next_token else want, bos_id)
+            np.testing.assert_array_equal(item["segment_ids"], layout.segment_ids)
+            np.testing.assert_array_equal(item["positions"], layout.positions)
+            np.testing.assert_array_equal(item["cu_seqlens"], layout.cu_seqlens)
+            labels = item.get("labels")
+        elif next_token:
+            tokens, labels = item
+        else:
+            tokens, labels = item, None
+        inputs = want[0] if next_token else want
+        assert tokens.dtype == np.dtype(dtype), step
+        np.testing.assert_array_equal(tokens, inputs.astype(np.int64))
+        if next_token:
+            assert labels is not None and labels.dtype == np.dtype(label_dtype), step
+            np.testing.assert_array_equal(labels, want[1].astype(np.int64))
+
+
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        {"context_rank": 1, "context_size": 2},
+        {"context_rank": 0, "context_size": 2, "zigzag": True},
+        {"rank": 1, "world_size": 2},
+        {"rank": 1, "world_size": 2, "bos_id": 0},  # document layouts need whole rows
+    ],
+    ids=["context", "zigzag", "data", "data-documents"],
+)
+@pytest.mark.parametrize("source", ["file", "dataset"])
+@pytest.mark.parametrize("label_dtype", ["uint32", "int64"])
+def test_a_ranks_int64_items_are_its_uint32_items_widened(
+    tmp_path: Path, ranks: dict[str, Any], source: str, label_dtype: str
+) -> None:
+    ranks = dict(ranks)
+    bos_id = ranks.pop("bos_id", None)
+    path: Path = _periodic_file(tmp_path / "f.batch", seq_len=17)
+    if source == "dataset":
+        with BatchFileReader(path) as reader:
+            rows = reader.read_batches(0, reader.num_batches).reshape(-1, reader.seq_len)
+        write_sharded_dataset(tmp_path / "d", [rows], batch_size=4, seq_len=17, shard_batches=5)
+        path = tmp_path / "d"
+    expected = _uint32_items(path, next_token=True, **ranks)
+    got = list(
+        BatchNativeLoader(
+            path,
+            dtype="int64",
+            label_dtype=label_dtype,  # type: ignore[arg-type]
+            next_token=True,
+            bos_id=bos_id,
+            seed=5,
+            **ranks,
+        )
+    )
+    assert len(got) == len(expected) > 0
+    for item, (inputs, labels) in zip(got, expected, strict=True):
+        if bos_id is not None:
+            np.testing.assert_array_equal(
+                item["segment_ids"], document_layout(inputs, bos_id).segment_ids
+            )
+            item = (item["inputs"], item["labels"])
+        assert item[0].dtype == np.int64 and item[1].dtype == np.dtype(label_dtype)
+        np.testing.assert_array_equal(item[0], inputs)
+        np.testing.assert_array_equal(item[1], labels)
