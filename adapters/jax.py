@@ -68,7 +68,7 @@ from zerobatch_core import (
     StreamOptions,
     resolve_rank_world,
 )
-from zerobatch_core.remote import RemoteSource
+from zerobatch_core.datasets.remote import RemoteSource
 
 from .jax_sharding import (
     CONTEXT_AXIS,

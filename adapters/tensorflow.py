@@ -24,8 +24,8 @@ Usage::
     model.fit(tf_dataset("train.batch", num_epochs=None), epochs=3, steps_per_epoch=n)
 
 Packed rows (several documents per row, each starting with a BOS token): ``bos_id=...`` makes
-every element a dict that adds the document layout of ``zerobatch_core.documents``, computed in
-the graph with a few vectorised ops per batch (``cu_seqlens`` has shape ``[None]``).
+every element a dict that adds the document layout of ``zerobatch_core.document_layout``,
+computed in the graph with a few vectorised ops per batch (``cu_seqlens`` has shape ``[None]``).
 
 Token ids at or above 2**31 wrap to negative values with ``dtype="int32"`` (a bit-cast, exactly
 like the core's int32 view); use ``"int64"`` for vocabularies that large.
@@ -62,7 +62,7 @@ from zerobatch_core import (
     StreamOptions,
     int_arg,
 )
-from zerobatch_core.remote import RemoteSource
+from zerobatch_core.datasets.remote import RemoteSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -316,8 +316,8 @@ def _convert(words: Any, out_dtype: Any) -> Any:
 def _documents(words: Any, bos_id: int, next_token: bool, out_dtype: Any) -> dict[str, Any]:
     """One element of a ``bos_id`` dataset: the tokens and their document layout, in the graph.
 
-    The same layout as ``zerobatch_core.documents.document_layout``, vectorised over the batch:
-    a document starts at every BOS and at every row start; ``segment_ids`` counts the starts
+    The same layout as ``zerobatch_core.document_layout``, vectorised over the batch: a document
+    starts at every BOS and at every row start; ``segment_ids`` counts the starts
     along each row. Since every row starts a document, numbering the starts over the flattened
     batch gives each token its document, whose start is an entry of ``cu_seqlens``: the
     position is the token's flat index minus that entry (no cumulative max needed).

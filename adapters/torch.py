@@ -36,7 +36,7 @@ every batch a dict of tensors that adds the core's document layout for variable-
 attention: ``segment_ids``, ``positions`` (int32, the inputs' shape) and ``cu_seqlens`` (int32,
 one entry per document plus the total: ``flash_attn_varlen_func``'s ``cu_seqlens_q/k``).
 
-Parallel coordinates, first found wins (``zerobatch_core.slicing``): explicit ``rank``/
+Parallel coordinates, first found wins (``zerobatch_core.delivery.slicing``): explicit ``rank``/
 ``world_size`` and ``context_rank``/``context_size``; else a ``device_mesh`` (a
 ``torch.distributed`` ``DeviceMesh``), whose dimensions named in ``DATA_DIMS`` give the
 data-parallel coordinate and those in ``CONTEXT_DIMS`` the context-parallel one, every other
@@ -66,7 +66,7 @@ from zerobatch_core import (
     StreamOptions,
     int_arg,
 )
-from zerobatch_core.loader import LabelDType
+from zerobatch_core.delivery.loader import LabelDType
 
 from .torch_transfer import READONLY_PROBE, StagingRing, ignore_readonly_warning, ship
 

@@ -40,7 +40,7 @@ from zerobatch_core import (
     ZeroBatchIOError,
     int_arg,
 )
-from zerobatch_core.buffers import BufferPool, convert_into
+from zerobatch_core.delivery.buffers import BufferPool, convert_into
 
 _READONLY_MESSAGE = "The given NumPy array is not writable"
 # Calls from the adapter's modules only: ``zerobatch_adapters.torch`` and this one.

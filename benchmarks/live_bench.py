@@ -53,7 +53,7 @@ def produce(url: str, producer: int, count: int, policy: str, log: str, total: i
     """A producer process: ``count`` batches, one log line per commit attempt."""
     import numpy as np
 
-    from zerobatch_core.live import LiveProducer
+    from zerobatch_core.live.producer import LiveProducer
 
     segment = 10**6 if policy.endswith("unsealed") else 256
     cadence: Any = "adaptive" if policy.startswith("adaptive") else int(policy)
@@ -92,7 +92,7 @@ def consume(url: str, total: int, log: str) -> None:
     """The consumer process: a loader over the live dataset (committed batches fetched ahead
     of it), every batch in commit order, a log line every 100."""
     from zerobatch_core import BatchNativeLoader
-    from zerobatch_core.live_source import LiveSource
+    from zerobatch_core.live.source import LiveSource
 
     with LiveSource(url, timeout=600) as source, open(log, "w") as out:
         items = iter(BatchNativeLoader(source, dtype="uint32"))
@@ -112,7 +112,7 @@ def _spawn(*args: str) -> subprocess.Popen[bytes]:
 def run_policy(
     endpoint: str, server: Any, policy: str, producers: int, batches: int, limit: float, work: Path
 ) -> dict[str, Any]:
-    from zerobatch_core.live import LiveProducer
+    from zerobatch_core.live.producer import LiveProducer
 
     bucket = f"zb-live-{secrets.token_hex(4)}"
     server.create_bucket(bucket)
@@ -227,7 +227,7 @@ def retention(server: Any, total: int = 400, k: int = 10, keep: int = 2) -> dict
     url = f"s3://{bucket}/live"
     sizes, states = _train(url, total, k, keep)
     from zerobatch_core import BatchNativeLoader
-    from zerobatch_core.live_source import LiveSource
+    from zerobatch_core.live.source import LiveSource
 
     restored = 0
     for mark, state in states.items():

@@ -163,7 +163,7 @@ class _WorkerPeaks:
 def _child_ray(payload: dict[str, Any]) -> dict[str, Any]:
     import ray
 
-    from zerobatch_core.ray_convert import convert_with_ray
+    from zerobatch_core.ingest.ray_convert import convert_with_ray
 
     t0 = time.perf_counter()
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)

@@ -69,7 +69,7 @@ def _load() -> float:
 
 
 def _dataset(directory: Path, batches: int) -> None:
-    from zerobatch_core.dataset_build import write_sharded_dataset
+    from zerobatch_core.datasets.build import write_sharded_dataset
 
     rng = np.random.default_rng(0)
 
@@ -82,7 +82,7 @@ def _dataset(directory: Path, batches: int) -> None:
 
 
 def _upload(directory: Path, url: str) -> None:
-    from zerobatch_core.storage import open_store
+    from zerobatch_core.stores.resolve import open_store
 
     store = open_store(url)
     for name in sorted(os.listdir(directory), key=lambda n: n == "manifest.json"):
@@ -90,7 +90,7 @@ def _upload(directory: Path, url: str) -> None:
 
 
 def sequential_download(url: str) -> dict[str, Any]:
-    from zerobatch_core.storage import open_store
+    from zerobatch_core.stores.resolve import open_store
 
     store = open_store(url)
     names = [n for n in store.list_keys() if n.endswith(".batch")]
@@ -105,7 +105,7 @@ def ranged_gets(url: str, batches: int) -> dict[str, Any]:
 
     from zerobatch_spec import padded_batch_bytes
 
-    from zerobatch_core.storage import open_store
+    from zerobatch_core.stores.resolve import open_store
 
     store = open_store(url)
     slot = padded_batch_bytes(B, T)
@@ -120,7 +120,7 @@ def ranged_gets(url: str, batches: int) -> dict[str, Any]:
 
 def loader_epoch(url: str, dp: int, cp: int, coalesce: int = 0) -> dict[str, Any]:
     from zerobatch_core import BatchStream
-    from zerobatch_core.remote import RemoteSource
+    from zerobatch_core.datasets.remote import RemoteSource
 
     start = time.perf_counter()
     served = 0

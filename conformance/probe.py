@@ -33,9 +33,9 @@ from zerobatch_spec.dataset import (
 )
 
 from zerobatch_core import BatchFileReader, FormatError, write_batch_file
-from zerobatch_core.dataset import DatasetError, DatasetReader, file_slot_checksum
+from zerobatch_core.datasets.dataset import DatasetError, DatasetReader, file_slot_checksum
+from zerobatch_core.files.validation import find_padding_violation
 from zerobatch_core.order import BlockOrder, sharded_order
-from zerobatch_core.validation import find_padding_violation
 
 from .live_probe import describe_live
 

@@ -4,7 +4,7 @@ The file holds packed-like rows drawn from ten token ids, one of which is the BO
 documents start at random places (and at every row start). Every expectation is the core
 ``BatchNativeLoader`` item with the same options, compared key by key: the torch and JAX
 adapters reuse the core's layout, and the tf.data graph recomputes it with TensorFlow ops, so
-these tests pin both to ``zerobatch_core.documents``.
+these tests pin both to ``zerobatch_core.delivery.documents``.
 
 Each framework is imported inside its own tests (``require``), so a run of this file alone
 forks the PyTorch workers before JAX or TensorFlow start any thread.

@@ -29,7 +29,7 @@ import pytest
 
 from tests.helpers import items_with_states, require
 from zerobatch_core import BatchNativeLoader, StateError
-from zerobatch_core.distributed import rank_rows
+from zerobatch_core.delivery.distributed import rank_rows
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 os.environ.setdefault("XLA_FLAGS", f"{DEVICE_FLAG}=8")
@@ -469,7 +469,7 @@ import json, sys
 import jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from zerobatch_core import BatchNativeLoader
-from zerobatch_core.distributed import rank_rows
+from zerobatch_core.delivery.distributed import rank_rows
 from zerobatch_adapters.jax import JaxBatchIterator, default_sharding
 
 path = sys.argv[1]
@@ -644,7 +644,7 @@ path, port, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid,
                            initialization_timeout=60)
 from zerobatch_core import BatchNativeLoader
-from zerobatch_core.distributed import rank_rows
+from zerobatch_core.delivery.distributed import rank_rows
 from zerobatch_adapters.jax import JaxBatchIterator
 
 assert jax.process_count() == 2 and len(jax.devices()) == 8 and len(jax.local_devices()) == 4

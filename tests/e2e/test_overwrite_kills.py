@@ -50,11 +50,11 @@ from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME
 
 from tests.e2e.test_writer_kills import hidden
 from zerobatch_core import DatasetReader, convert, validate_dataset, write_batch_file
-from zerobatch_core.dataset_build import create_dataset, write_sharded_dataset
+from zerobatch_core.datasets.build import create_dataset, write_sharded_dataset
 from zerobatch_core.errors import WriteError
 
 try:
-    from zerobatch_core import ray_convert
+    from zerobatch_core.ingest import ray_convert
 except ImportError:  # no Ray: its test is skipped
     ray_convert = None
 

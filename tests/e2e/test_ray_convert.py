@@ -44,7 +44,7 @@ from zerobatch_core.cli import main
 from zerobatch_core.tokenization import load_tokenizer
 
 ray = require("ray")
-ray_convert = pytest.importorskip("zerobatch_core.ray_convert")
+ray_convert = pytest.importorskip("zerobatch_core.ingest.ray_convert")
 
 ROOT = Path(__file__).resolve().parents[2]
 BOS = "<|bos|>"

@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers import records
 from zerobatch_core import FormatError, write_batch_file
-from zerobatch_core.reader import BatchFileReader
+from zerobatch_core.files.reader import BatchFileReader
 
 BLOCK = 4
 BATCHES = 64

@@ -41,7 +41,8 @@ RECORDS = 48 * 2**20 // (SEQ_LEN * 4)
 ZYGOTE = r"""
 import json, os, signal, sys, time, traceback
 import numpy as np
-from zerobatch_core import write_batch_dataset, write_batch_file, writer
+from zerobatch_core import write_batch_dataset, write_batch_file
+from zerobatch_core.files import writer
 from zerobatch_core.ingest.convert import convert
 
 def run(job):

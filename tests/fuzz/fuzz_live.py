@@ -62,7 +62,7 @@ def kept_batches(ops: list[Op]) -> set[str]:
     changes = [op for op in ops if legitimate(op)]
     key = json.dumps(changes)
     if key not in _KEPT:
-        from zerobatch_core.retention import reclaim
+        from zerobatch_core.live.retention import reclaim
 
         with tempfile.TemporaryDirectory() as tmp:
             materialize(apply_live(live_base(), changes), tmp)
@@ -85,7 +85,7 @@ def batch_keys(root: str) -> list[str]:
 def _read(root: str) -> None:
     """Read every batch the newest version lists (at most ``READ_LIMIT``); each must be a
     whole batch of the base."""
-    from zerobatch_core.live_source import LiveSource
+    from zerobatch_core.live.source import LiveSource
 
     with LiveSource(root, timeout=0.2) as source:
         for g in range(source.start, min(source.committed, source.start + READ_LIMIT)):
@@ -97,7 +97,7 @@ def _loader(root: str, index: int) -> None:
     """The loader over the mutant from its first listed batch, a few steps; one mutant in
     four with a global batch size of half a stored batch (two steps a batch)."""
     from zerobatch_core import BatchNativeLoader
-    from zerobatch_core.live_source import LiveSource
+    from zerobatch_core.live.source import LiveSource
 
     with LiveSource(root, timeout=0.2) as source:
         b = source.batch_size  # the descriptor's, which a mutant may have changed
@@ -121,8 +121,8 @@ def _record(root: str, ops: list[Op]) -> None:
     keeping one watermark: a refusal is a ZeroBatch error."""
     from zerobatch_core import BatchNativeLoader
     from zerobatch_core.errors import ZeroBatchError
-    from zerobatch_core.live_source import LiveSource
-    from zerobatch_core.retention import record_watermark
+    from zerobatch_core.live.retention import record_watermark
+    from zerobatch_core.live.source import LiveSource
 
     records = [op for op in ops if op[0] == "record"]
     if not records:
@@ -144,7 +144,7 @@ def _record(root: str, ops: list[Op]) -> None:
 def _reclaim(root: str, ops: list[Op], lost: list[str]) -> None:
     """A real ``reclaim``; ``lost`` gets the batch objects it deleted that the unmutated
     dataset's reclaim keeps (with the mutant's legitimate watermark changes)."""
-    from zerobatch_core.retention import reclaim
+    from zerobatch_core.live.retention import reclaim
 
     keep = kept_batches(ops)
     before = set(batch_keys(root))
@@ -159,7 +159,7 @@ def check_live(
 ) -> list[tuple[str, str, str]]:
     """Every live entry point on the mutant at ``root``, reclaim last."""
     from zerobatch_core.cli import UsageError
-    from zerobatch_core.retention import reclaim
+    from zerobatch_core.live.retention import reclaim
 
     usage = (UsageError,)
     lost: list[str] = []

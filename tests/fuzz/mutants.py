@@ -818,9 +818,9 @@ def _read_tree(root: str) -> dict[str, bytes]:
 
 def _live_base() -> Tree:
     from zerobatch_core import BatchNativeLoader
-    from zerobatch_core.live import LiveProducer
-    from zerobatch_core.live_source import LiveSource
-    from zerobatch_core.retention import record_watermark
+    from zerobatch_core.live.producer import LiveProducer
+    from zerobatch_core.live.retention import record_watermark
+    from zerobatch_core.live.source import LiveSource
 
     with tempfile.TemporaryDirectory() as tmp:
         root = os.path.join(tmp, "live")

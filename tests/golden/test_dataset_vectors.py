@@ -40,10 +40,10 @@ from zerobatch_spec.dataset import (
 from zerobatch_spec.shuffle import GOLDEN_GAMMA, mix64
 
 from zerobatch_core import FormatError, ZeroBatchIOError
-from zerobatch_core.dataset import DatasetError, DatasetReader
-from zerobatch_core.dataset_build import create_dataset, write_sharded_dataset
+from zerobatch_core.datasets.build import create_dataset, write_sharded_dataset
+from zerobatch_core.datasets.dataset import DatasetError, DatasetReader
+from zerobatch_core.datasets.validation import validate_dataset
 from zerobatch_core.order import sharded_order
-from zerobatch_core.validation import validate_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "conformance" / "vectors"

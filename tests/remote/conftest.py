@@ -48,7 +48,8 @@ def proxy(s3_server: S3Server) -> Iterator[S3Proxy]:
 
 def upload(local: Path, url: str) -> None:
     """Copy a file or a dataset directory to ``url`` (the manifest last, as writers do)."""
-    from zerobatch_core.storage import open_store, split_url
+    from zerobatch_core.stores.resolve import open_store
+    from zerobatch_core.stores.store import split_url
 
     if local.is_file():
         parent, name = split_url(url)

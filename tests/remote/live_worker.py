@@ -43,7 +43,7 @@ def identify(item: npt.NDArray[np.integer]) -> tuple[int, int]:
 
 
 def produce(url: str, producer: str, count: int, cadence: str = "adaptive") -> None:
-    from zerobatch_core.live import LiveProducer
+    from zerobatch_core.live.producer import LiveProducer
 
     number = int(producer.rsplit("-", 1)[-1])
     k: str | int = cadence if cadence == "adaptive" else int(cadence)

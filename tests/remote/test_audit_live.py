@@ -34,10 +34,10 @@ from zerobatch_spec.live import (
 
 from tests.remote.live_worker import B, T, batch, identify
 from zerobatch_core import BatchNativeLoader, DatasetError
-from zerobatch_core.live import LiveProducer
-from zerobatch_core.live_manifests import LiveError, LiveTimeoutError, ManifestChain
-from zerobatch_core.live_source import LiveSource
-from zerobatch_core.storage import open_store
+from zerobatch_core.live.manifests import LiveError, LiveTimeoutError, ManifestChain
+from zerobatch_core.live.producer import LiveProducer
+from zerobatch_core.live.source import LiveSource
+from zerobatch_core.stores.resolve import open_store
 
 
 def _produce(path: str, sizes: list[int], start: int = 0) -> None:

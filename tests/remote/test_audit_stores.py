@@ -26,10 +26,11 @@ from tests.helpers import records
 from tests.remote.conftest import upload
 from tests.s3server import S3Proxy, S3Server, environment
 from zerobatch_core import BatchNativeLoader, DatasetError
-from zerobatch_core.dataset import DatasetReader
-from zerobatch_core.dataset_build import write_sharded_dataset
-from zerobatch_core.remote import REMOTE_VERIFY_MODES, RemoteSource
-from zerobatch_core.storage import RetriesExhaustedError, RetryPolicy, StoreError, open_store
+from zerobatch_core.datasets.build import write_sharded_dataset
+from zerobatch_core.datasets.dataset import DatasetReader
+from zerobatch_core.datasets.remote import REMOTE_VERIFY_MODES, RemoteSource
+from zerobatch_core.stores.resolve import open_store
+from zerobatch_core.stores.store import RetriesExhaustedError, RetryPolicy, StoreError
 
 B, T = 8, 16
 REASONS = {

@@ -22,15 +22,16 @@ import pytest
 
 from tests.remote.live_worker import B, T, batch, identify, tag
 from zerobatch_core import BatchNativeLoader, BatchStream
-from zerobatch_core.live import (
+from zerobatch_core.delivery.sources import open_reader
+from zerobatch_core.live.manifests import LiveError, LiveTimeoutError, ManifestChain
+from zerobatch_core.live.producer import (
     ConditionalCreateUnsupportedError,
     LiveProducer,
     probe_conditional_create,
 )
-from zerobatch_core.live_manifests import LiveError, LiveTimeoutError, ManifestChain
-from zerobatch_core.live_source import LiveSource
-from zerobatch_core.sources import open_reader
-from zerobatch_core.storage import LocalStore, open_store
+from zerobatch_core.live.source import LiveSource
+from zerobatch_core.stores.resolve import open_store
+from zerobatch_core.stores.store import LocalStore
 
 FULL = os.environ.get("ZEROBATCH_LIVE_FULL") == "1"
 ROOT = Path(__file__).resolve().parents[2]

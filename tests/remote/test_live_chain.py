@@ -27,11 +27,11 @@ from zerobatch_spec.live import (
 )
 
 from tests.remote.live_worker import B, T, batch, identify
-from zerobatch_core.live import LiveProducer
-from zerobatch_core.live_manifests import ChainError
-from zerobatch_core.live_source import LiveSource
-from zerobatch_core.retention import reclaim
-from zerobatch_core.storage import open_store
+from zerobatch_core.live.manifests import ChainError
+from zerobatch_core.live.producer import LiveProducer
+from zerobatch_core.live.retention import reclaim
+from zerobatch_core.live.source import LiveSource
+from zerobatch_core.stores.resolve import open_store
 
 HUGE = 2**60
 """The crafted version's ``start``, ``batches`` and producer offsets."""

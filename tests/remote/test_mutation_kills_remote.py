@@ -23,11 +23,12 @@ from tests.helpers import records, require
 from tests.remote.conftest import upload
 from tests.s3server import S3Proxy, S3Server, environment
 from zerobatch_core import BatchNativeLoader, DatasetError, DatasetReader, write_batch_file
-from zerobatch_core.dataset_build import write_sharded_dataset
+from zerobatch_core.datasets.build import write_sharded_dataset
+from zerobatch_core.datasets.remote import MAX_AHEAD, REMOTE_VERIFY_MODES, RemoteSource
 from zerobatch_core.errors import FormatError, MissingDependencyError
-from zerobatch_core.object_stores import FsspecStore, ObstoreStore
-from zerobatch_core.remote import MAX_AHEAD, REMOTE_VERIFY_MODES, RemoteSource
-from zerobatch_core.storage import LocalStore, StoreError, open_store
+from zerobatch_core.stores.object_stores import FsspecStore, ObstoreStore
+from zerobatch_core.stores.resolve import open_store
+from zerobatch_core.stores.store import LocalStore, StoreError
 
 # -- listings past keys the client cannot hold -----------------------------------------------
 

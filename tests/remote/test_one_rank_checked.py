@@ -18,8 +18,8 @@ from zerobatch_spec import padded_batch_bytes
 from tests.helpers import records
 from tests.remote.conftest import upload
 from zerobatch_core import BatchNativeLoader, DatasetError
-from zerobatch_core.dataset_build import write_sharded_dataset
-from zerobatch_core.storage import open_store
+from zerobatch_core.datasets.build import write_sharded_dataset
+from zerobatch_core.stores.resolve import open_store
 
 B, T = 8, 16
 SLOT = padded_batch_bytes(B, T)  # a slot's bytes, padding included

@@ -26,10 +26,11 @@ from tests.helpers import records
 from tests.remote.conftest import upload
 from tests.s3server import S3Server
 from zerobatch_core.cli import main
-from zerobatch_core.dataset_build import write_sharded_dataset
-from zerobatch_core.remote import RemoteSource
-from zerobatch_core.sources import open_reader
-from zerobatch_core.storage import RetryPolicy, StoreError, open_store
+from zerobatch_core.datasets.build import write_sharded_dataset
+from zerobatch_core.datasets.remote import RemoteSource
+from zerobatch_core.delivery.sources import open_reader
+from zerobatch_core.stores.resolve import open_store
+from zerobatch_core.stores.store import RetryPolicy, StoreError
 
 B, T = 4, 8
 FAST = RetryPolicy(attempts=3, base=0.001, cap=0.002)

@@ -20,8 +20,8 @@ import pytest
 from tests.helpers import records
 from tests.remote.conftest import upload
 from zerobatch_core import BatchNativeLoader
-from zerobatch_core.dataset_build import write_sharded_dataset
-from zerobatch_core.remote import RemoteSource
+from zerobatch_core.datasets.build import write_sharded_dataset
+from zerobatch_core.datasets.remote import RemoteSource
 
 B, T = 8, 16
 STEPS = 12

@@ -21,10 +21,11 @@ from tests.helpers import records, require
 from tests.remote.conftest import upload
 from tests.s3server import S3Proxy, S3Server, environment
 from zerobatch_core import BatchNativeLoader, BatchStream, DatasetError, write_batch_file
-from zerobatch_core.dataset_build import write_sharded_dataset
-from zerobatch_core.remote import RemoteSource
-from zerobatch_core.sources import open_reader
-from zerobatch_core.storage import LocalStore, open_store
+from zerobatch_core.datasets.build import write_sharded_dataset
+from zerobatch_core.datasets.remote import RemoteSource
+from zerobatch_core.delivery.sources import open_reader
+from zerobatch_core.stores.resolve import open_store
+from zerobatch_core.stores.store import LocalStore
 
 B, T = 8, 16
 

@@ -13,17 +13,18 @@ import pytest
 from tests.remote.live_worker import B, T, batch, identify
 from zerobatch_core import BatchNativeLoader
 from zerobatch_core.cli import main
-from zerobatch_core.live import LiveProducer
-from zerobatch_core.live_manifests import LiveError
-from zerobatch_core.live_source import LiveSource
-from zerobatch_core.retention import (
+from zerobatch_core.live.manifests import LiveError
+from zerobatch_core.live.producer import LiveProducer
+from zerobatch_core.live.retention import (
     reclaim,
     record_watermark,
     storage_bytes,
     watermark,
     watermarks,
 )
-from zerobatch_core.storage import LocalStore, open_store
+from zerobatch_core.live.source import LiveSource
+from zerobatch_core.stores.resolve import open_store
+from zerobatch_core.stores.store import LocalStore
 
 SEGMENT = 4
 

@@ -24,10 +24,9 @@ from zerobatch_spec.live import (
 from tests.remote.live_worker import B, T, batch, identify
 from zerobatch_core import BatchNativeLoader
 from zerobatch_core.cli import main
-from zerobatch_core.live import LiveProducer
-from zerobatch_core.live_manifests import LiveError, ManifestChain
-from zerobatch_core.live_source import LiveSource
-from zerobatch_core.retention import (
+from zerobatch_core.live.manifests import LiveError, ManifestChain
+from zerobatch_core.live.producer import LiveProducer
+from zerobatch_core.live.retention import (
     STALE_TEMPORARY_SECONDS,
     ChainError,
     WatermarkError,
@@ -35,7 +34,9 @@ from zerobatch_core.retention import (
     record_watermark,
     watermarks,
 )
-from zerobatch_core.storage import Store, open_store
+from zerobatch_core.live.source import LiveSource
+from zerobatch_core.stores.resolve import open_store
+from zerobatch_core.stores.store import Store
 
 
 def produce(url: str, count: int, segment_size: int = 2) -> None:
@@ -65,7 +66,7 @@ def readable(url: str, first: int, end: int) -> bool:
 
 
 def latest(store: Store) -> LiveManifest:
-    from zerobatch_core.retention import _descriptor
+    from zerobatch_core.live.retention import _descriptor
 
     return ManifestChain(store, _descriptor(store)).latest()
 

@@ -19,8 +19,8 @@ from zerobatch_spec import HEADER_SIZE, padded_batch_bytes
 
 from tests.helpers import records
 from zerobatch_core import BatchNativeLoader, DatasetError
-from zerobatch_core.dataset import DatasetReader
-from zerobatch_core.dataset_build import write_sharded_dataset
+from zerobatch_core.datasets.build import write_sharded_dataset
+from zerobatch_core.datasets.dataset import DatasetReader
 
 B, T = 8, 16
 BAD = 3

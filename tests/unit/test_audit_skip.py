@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers import records
 from zerobatch_core import BatchNativeLoader
-from zerobatch_core.dataset_build import write_sharded_dataset
+from zerobatch_core.datasets.build import write_sharded_dataset
 
 B, T = 8, 4
 STORED = 15

@@ -133,7 +133,7 @@ def test_trace_of_a_step_of_four_billion_rows_is_refused_by_name(tmp_path: Path)
         import contextlib, io
         from zerobatch_core.cli import main
         from zerobatch_core.errors import ZeroBatchError
-        from zerobatch_core.provenance import trace_step
+        from zerobatch_core.delivery.provenance import trace_step
         try:
             trace_step(path, 0, shuffle=False)
         except ZeroBatchError as e:
@@ -335,7 +335,7 @@ def test_oversized_metadata_files_are_refused_before_they_are_read(tmp_path: Pat
         from zerobatch_core import BatchNativeLoader, DatasetError, DatasetReader
         from zerobatch_core.errors import ZeroBatchError
         from zerobatch_core.live import LiveProducer
-        from zerobatch_core.live_source import LiveSource
+        from zerobatch_core.live.source import LiveSource
         with DatasetReader(path, verify="first") as reader:
             try:
                 reader.read_batch(0)
@@ -372,7 +372,7 @@ def test_a_claimed_size_bounds_a_read_but_never_sizes_its_buffer(tmp_path: Path)
     small.write_bytes(b"x" * 100)
     out = _run(
         """
-        from zerobatch_core.regular_files import read_regular_file
+        from zerobatch_core.stores.regular_files import read_regular_file
         print(len(read_regular_file(path, 1 << 43)))
         """,
         small,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from zerobatch_core import BatchFileReader, BatchNativeLoader
-from zerobatch_core.buffers import BufferPool, convert_into
-from zerobatch_core.loader import CHUNK_DEPTH, CHUNK_SPARE
+from zerobatch_core.delivery.buffers import BufferPool, convert_into
+from zerobatch_core.delivery.loader import CHUNK_DEPTH, CHUNK_SPARE
 
 
 def test_a_dropped_array_is_handed_out_again() -> None:

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from zerobatch_core import BatchNativeLoader
-from zerobatch_core.buffers import ChunkStage
-from zerobatch_core.loader import CHUNK_DEPTH, CHUNK_SPARE, CHUNK_STEPS
+from zerobatch_core.delivery.buffers import ChunkStage
+from zerobatch_core.delivery.loader import CHUNK_DEPTH, CHUNK_SPARE, CHUNK_STEPS
 
 MakeFile = Callable[..., Path]
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from zerobatch_core import BatchFileReader, validate_file
-from zerobatch_core import writer as writer_module
 from zerobatch_core.cli import main
 from zerobatch_core.errors import IngestError, WriteError
+from zerobatch_core.files import writer as writer_module
 from zerobatch_core.ingest import source as source_module
 from zerobatch_core.ingest.convert import MEMORY_BOUND_BYTES, convert, detect_kind
 
@@ -115,7 +115,7 @@ def test_corrupt_input_names_the_file_and_leaves_nothing(tmp_path: Path) -> None
 CRASH = r"""
 import os, signal, sys
 import numpy as np
-from zerobatch_core import writer
+from zerobatch_core.files import writer
 from zerobatch_core.ingest.convert import convert
 writer.CHUNK_BYTES = writer.WINDOW_BYTES = writer.STAGE_BYTES = 4096
 writer.POSITIONS_AHEAD = 4

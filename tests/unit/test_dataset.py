@@ -41,7 +41,7 @@ from zerobatch_core import (
     write_batch_file,
     write_sharded_dataset,
 )
-from zerobatch_core.dataset import OPEN_AHEAD, _opener
+from zerobatch_core.datasets.dataset import OPEN_AHEAD, _opener
 
 B, T = 4, 8
 

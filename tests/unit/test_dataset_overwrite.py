@@ -31,15 +31,11 @@ import pytest
 from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME
 
 from tests.helpers import records
-from zerobatch_core import (
-    DatasetReader,
-    dataset_build,
-    dataset_replace,
-    validate_dataset,
-    write_batch_file,
-)
+from zerobatch_core import DatasetReader, validate_dataset, write_batch_file
 from zerobatch_core.cli import main
-from zerobatch_core.dataset_build import create_dataset, write_sharded_dataset
+from zerobatch_core.datasets import build as dataset_build
+from zerobatch_core.datasets import replace as dataset_replace
+from zerobatch_core.datasets.build import create_dataset, write_sharded_dataset
 from zerobatch_core.errors import WriteError, ZeroBatchIOError
 
 B, T = 4, 6

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from zerobatch_core.documents import document_layout
+from zerobatch_core.delivery.documents import document_layout
 
 BOS = 7
 

@@ -24,10 +24,10 @@ from zerobatch_core import (
     validate_file,
     write_sharded_dataset,
 )
-from zerobatch_core import validation as validation_module
 from zerobatch_core.errors import FormatError
+from zerobatch_core.files import validation as validation_module
+from zerobatch_core.files.validation import ValidationReport
 from zerobatch_core.order import BlockOrder, ShardedBlockOrder, Span, sharded_order
-from zerobatch_core.validation import ValidationReport
 
 # -- order -----------------------------------------------------------------------------------
 

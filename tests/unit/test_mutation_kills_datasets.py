@@ -28,17 +28,17 @@ from zerobatch_core import (
     FormatError,
     WriteError,
     create_dataset,
-    dataset_build,
-    dataset_replace,
     trace_step,
     validate_dataset,
     write_batch_file,
     write_sharded_dataset,
 )
-from zerobatch_core.dataset import _opener
+from zerobatch_core.datasets import build as dataset_build
+from zerobatch_core.datasets import replace as dataset_replace
+from zerobatch_core.datasets.dataset import _opener
+from zerobatch_core.delivery.provenance import RowOrigin, TraceError, TracePiece
+from zerobatch_core.delivery.slicing import Slicing
 from zerobatch_core.errors import ZeroBatchIOError
-from zerobatch_core.provenance import RowOrigin, TraceError, TracePiece
-from zerobatch_core.slicing import Slicing
 
 # -- slicing -----------------------------------------------------------------------------------
 

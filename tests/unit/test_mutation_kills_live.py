@@ -27,17 +27,20 @@ from zerobatch_spec.live import (
 )
 
 from tests.remote.live_worker import B, T, batch, identify
-from zerobatch_core import BatchNativeLoader, Position, live, live_source
-from zerobatch_core.commit_cadence import Cadence
-from zerobatch_core.live import (
+from zerobatch_core import BatchNativeLoader, Position
+from zerobatch_core.live import producer as producer_module
+from zerobatch_core.live import source as live_source
+from zerobatch_core.live.cadence import Cadence
+from zerobatch_core.live.manifests import ChainError, LiveError, LiveTimeoutError, ManifestChain
+from zerobatch_core.live.producer import (
     ConditionalCreateUnsupportedError,
     LiveProducer,
     probe_conditional_create,
 )
-from zerobatch_core.live_manifests import ChainError, LiveError, LiveTimeoutError, ManifestChain
-from zerobatch_core.live_source import LiveSource
-from zerobatch_core.retention import reclaim, record_watermark
-from zerobatch_core.storage import LocalStore, open_store
+from zerobatch_core.live.retention import reclaim, record_watermark
+from zerobatch_core.live.source import LiveSource
+from zerobatch_core.stores.resolve import open_store
+from zerobatch_core.stores.store import LocalStore
 
 
 def _produce(path: str, sizes: Sequence[int], start: int = 0, segment_size: int = 64) -> None:
@@ -834,7 +837,7 @@ def test_a_commit_retries_until_300_seconds_have_passed(
     producer, store = _rivalled(tmp_path, _Recording(gap=0.75))
     producer.append(batch(0, 0))
     clock = _Clock()
-    monkeypatch.setattr(live, "time", clock)
+    monkeypatch.setattr(producer_module, "time", clock)
     took = [299.5]
 
     def slow_race() -> None:
@@ -854,7 +857,7 @@ def test_a_cadence_without_a_gap_retries_a_lost_race_at_once(
     """With a fixed cadence (no gap), a commit retries a lost race without pausing."""
     producer, _ = _rivalled(tmp_path, 1, races=2)
     clock = _Clock()
-    monkeypatch.setattr(live, "time", clock)
+    monkeypatch.setattr(producer_module, "time", clock)
     producer.append(batch(0, 0))  # the cadence's commit loses the first race
     assert producer.commit() is True  # loses the second, then lands
     assert clock.sleeps == [0.0]

@@ -21,8 +21,8 @@ from zerobatch_core import (
     write_batch_file,
     write_sharded_dataset,
 )
-from zerobatch_core.documents import document_layout
-from zerobatch_core.loader import Position, normalize_skips
+from zerobatch_core.delivery.documents import document_layout
+from zerobatch_core.delivery.loader import Position, normalize_skips
 
 
 def test_skip_ranges_start_at_step_zero_and_not_before() -> None:

@@ -16,10 +16,9 @@ from zerobatch_spec.live import Entry, batch_name, build_live_manifest, manifest
 
 from tests.remote.live_worker import B, T, batch, identify
 from zerobatch_core import BatchNativeLoader
-from zerobatch_core.live import LiveProducer
-from zerobatch_core.live_manifests import LiveError, ManifestChain
-from zerobatch_core.live_source import LiveSource
-from zerobatch_core.retention import (
+from zerobatch_core.live.manifests import LiveError, ManifestChain
+from zerobatch_core.live.producer import LiveProducer
+from zerobatch_core.live.retention import (
     RECLAIM_WRITER,
     REPORTED_KEYS,
     ChainError,
@@ -32,7 +31,8 @@ from zerobatch_core.retention import (
     record_watermark,
     watermark,
 )
-from zerobatch_core.storage import LocalStore
+from zerobatch_core.live.source import LiveSource
+from zerobatch_core.stores.store import LocalStore
 
 
 def _live(tmp_path: Path, batches: int = 10) -> str:

@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 
 from zerobatch_core.errors import ZeroBatchIOError
-from zerobatch_core.range_cache import SUFFIX, RangeCache
+from zerobatch_core.live.retention import _stale_temporaries
 from zerobatch_core.redaction import MASK, remember, scrub, secrets_of
-from zerobatch_core.regular_files import open_regular_file, read_regular_file
-from zerobatch_core.retention import _stale_temporaries
-from zerobatch_core.storage import (
+from zerobatch_core.stores.range_cache import SUFFIX, RangeCache
+from zerobatch_core.stores.regular_files import open_regular_file, read_regular_file
+from zerobatch_core.stores.resolve import open_store
+from zerobatch_core.stores.store import (
     LocalStore,
     ObjectNotFoundError,
     RetriesExhaustedError,
@@ -29,7 +30,6 @@ from zerobatch_core.storage import (
     StoreError,
     StoreStats,
     is_url,
-    open_store,
     retry_reason,
     split_url,
 )

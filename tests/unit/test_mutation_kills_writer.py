@@ -19,7 +19,7 @@ from zerobatch_spec import DOMAIN_RECORDS, HEADER_SIZE, permute_array, record_so
 
 from tests.helpers import records
 from zerobatch_core import WriteError, ZeroBatchIOError, write_batch_dataset, write_batch_file
-from zerobatch_core import writer as writer_module
+from zerobatch_core.files import writer as writer_module
 
 
 def dead_pid() -> int:

@@ -26,10 +26,10 @@ from zerobatch_spec.live import DESCRIPTOR_NAME, manifest_name
 from tests.helpers import records
 from zerobatch_core import BatchNativeLoader, DatasetError, DatasetReader, ZeroBatchIOError
 from zerobatch_core.cli import main
-from zerobatch_core.dataset_build import write_sharded_dataset
-from zerobatch_core.live import LiveProducer
-from zerobatch_core.sources import open_reader
-from zerobatch_core.storage import LocalStore
+from zerobatch_core.datasets.build import write_sharded_dataset
+from zerobatch_core.delivery.sources import open_reader
+from zerobatch_core.live.producer import LiveProducer
+from zerobatch_core.stores.store import LocalStore
 
 B, T = 4, 5
 DEADLINE = 10.0

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from zerobatch_core import BatchFileReader, BatchNativeLoader
-from zerobatch_core.pages import MIN_HINT_BYTES, Readahead
+from zerobatch_core.files.pages import MIN_HINT_BYTES, Readahead
 
 pytestmark = pytest.mark.skipif(not Readahead.available(), reason="no posix_fadvise here")
 

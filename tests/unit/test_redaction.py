@@ -22,7 +22,8 @@ from zerobatch_spec import ErrorCode, Violation
 from zerobatch_core.cli import main
 from zerobatch_core.errors import FormatError, ZeroBatchIOError
 from zerobatch_core.redaction import redact, remember, scrub, secrets_of
-from zerobatch_core.storage import StoreError, open_store
+from zerobatch_core.stores.resolve import open_store
+from zerobatch_core.stores.store import StoreError
 
 
 def _password() -> str:

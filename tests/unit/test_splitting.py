@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from zerobatch_core import BatchNativeLoader, StateError
-from zerobatch_core.distributed import env_rank_world, rank_rows, resolve_rank_world
+from zerobatch_core.delivery.distributed import env_rank_world, rank_rows, resolve_rank_world
 
 
 def rows_of(item: np.ndarray) -> list[int]:

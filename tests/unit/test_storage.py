@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from zerobatch_core.commit_cadence import AdaptiveCadence, FixedCadence, make_cadence
-from zerobatch_core.range_cache import RangeCache
-from zerobatch_core.storage import (
+from zerobatch_core.live.cadence import AdaptiveCadence, FixedCadence, make_cadence
+from zerobatch_core.stores.range_cache import RangeCache
+from zerobatch_core.stores.resolve import open_store
+from zerobatch_core.stores.store import (
     LocalStore,
     RetriesExhaustedError,
     RetryPolicy,
     is_url,
-    open_store,
     redact,
     retry_reason,
     split_url,

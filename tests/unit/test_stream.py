@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from zerobatch_core import BatchNativeLoader, BatchStream, Position, StateError
-from zerobatch_core.stream import Lookahead, Prefetcher, Stage
+from zerobatch_core.delivery.stream import Lookahead, Prefetcher, Stage
 
 MakeFile = Callable[..., Path]
 ORDER: dict[str, Any] = {"block_size": 3, "seed": 99}

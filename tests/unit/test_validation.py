@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import records
-from zerobatch_core import ErrorCode, validate_file, validation, write_batch_file
+from zerobatch_core import ErrorCode, validate_file, write_batch_file
+from zerobatch_core.files import validation
 
 
 def test_valid_report(make_file: Callable[..., Path]) -> None:
@@ -71,7 +72,8 @@ def test_deep_check_names_the_batch_across_chunks(
 
 SHRINKING_DEEP_READ = r"""
 import os, sys
-from zerobatch_core import BatchFileReader, validate_file, validation
+from zerobatch_core import BatchFileReader, validate_file
+from zerobatch_core.files import validation
 validation.DEEP_CHUNK_BYTES = 2 * 4096  # 8 batches of one page each: four chunks
 original = BatchFileReader.slot_padding
 

@@ -27,8 +27,8 @@ from zerobatch_core import (
     write_batch_dataset,
     write_batch_file,
 )
-from zerobatch_core import writer as writer_module
 from zerobatch_core.errors import ZeroBatchIOError
+from zerobatch_core.files import writer as writer_module
 
 
 def read_all(path: Path) -> np.ndarray:
@@ -512,7 +512,8 @@ def test_other_write_errors_name_the_output(tmp_path: Path) -> None:
 FULL_DISK = r"""
 import json, os, sys
 import numpy as np
-from zerobatch_core import write_batch_dataset, write_batch_file, writer
+from zerobatch_core import write_batch_dataset, write_batch_file
+from zerobatch_core.files import writer
 from zerobatch_core.errors import ZeroBatchIOError
 from zerobatch_core.ingest.convert import convert
 

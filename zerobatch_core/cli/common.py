@@ -18,7 +18,7 @@ from zerobatch_spec.dataset import MANIFEST_NAME
 
 from ..errors import WriteError
 from ..redaction import redact
-from ..storage import is_url
+from ..stores.store import is_url
 from .flags import flag_message
 
 if TYPE_CHECKING:
@@ -100,8 +100,8 @@ def check_output_argument(args: argparse.Namespace, inputs: Sequence[str]) -> No
     with ``--shard-size``, ``dataset_build.check_dataset_output``), made before anything is
     read, and reported as usage errors. A URL is refused: the writers write local paths, and
     ``https://host/x`` would become a local directory named ``https:``."""
-    from ..dataset_build import check_dataset_output
-    from ..writer import check_output
+    from ..datasets.build import check_dataset_output
+    from ..files.writer import check_output
 
     if is_url(args.output):  # it would be written as a local path named "https:/..."
         raise UsageError(

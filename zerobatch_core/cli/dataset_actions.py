@@ -14,7 +14,7 @@ from typing import Any
 from zerobatch_spec.dataset import MANIFEST_NAME
 
 from ..errors import WriteError
-from ..retention import ChainError, reclaim
+from ..live.retention import ChainError, reclaim
 from .common import EXIT_INVALID, EXIT_OK, UsageError, plural, u64
 from .flags import Parser
 
@@ -35,7 +35,7 @@ def cmd_dataset_create(args: argparse.Namespace) -> int:
     """``dataset create``: the names are checked against the manifest's name rule first (a
     usage error naming every bad one, nothing written), then ``create_dataset`` writes (and,
     with ``--overwrite``, swaps in) the manifest."""
-    from ..dataset_build import create_dataset, dataset_shard_names
+    from ..datasets.build import create_dataset, dataset_shard_names
 
     directory = args.directory
     if not os.path.isdir(directory):
@@ -161,7 +161,7 @@ def _add_reclaim(actions: Any) -> None:
         help="delete what no live checkpoint of a live dataset can roll back to",
         description="Delete the batch objects, segments and manifest versions of a live "
         "dataset that lie below the lowest watermark its consumers recorded with their "
-        "checkpoints (zerobatch_core.retention.record_watermark), after committing a "
+        "checkpoints (zerobatch_core.live.retention.record_watermark), after committing a "
         "manifest version that no longer lists them. It first checks that every manifest "
         "version present follows from the one before it (SPEC.md section 18.4) and deletes "
         "nothing (exit status 1, --dry-run too) if one does not. Watermarks of another "

@@ -12,7 +12,7 @@ from .common import UsageError, positive
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ..speed_demo import run_speed_demo
+    from .speed_demo import run_speed_demo
 
     if args.records < args.batch_size:
         raise UsageError(

@@ -17,10 +17,11 @@ from typing import Any
 from zerobatch_spec import DTYPE_UINT32, TOKEN_DTYPE, padded_batch_bytes
 from zerobatch_spec.dataset import CHECKSUM_ALGORITHM, MANIFEST_FORMAT, MANIFEST_VERSION
 
-from ..dataset import DatasetError, DatasetReader
+from ..datasets.dataset import DatasetError, DatasetReader
+from ..datasets.validation import DatasetReport, validate_dataset
 from ..errors import FormatError
-from ..reader import BatchFileReader
-from ..validation import DatasetReport, validate_dataset, validate_file
+from ..files.reader import BatchFileReader
+from ..files.validation import validate_file
 from . import inspect_validate_remote
 from .common import EXIT_INVALID, EXIT_OK, dataset_directory, plural
 

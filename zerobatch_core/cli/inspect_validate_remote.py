@@ -20,15 +20,15 @@ from typing import Any
 
 from zerobatch_spec import DTYPE_UINT32, padded_batch_bytes
 
-from ..dataset import DatasetError
+from ..datasets.dataset import DatasetError
+from ..datasets.remote import RemoteSource
+from ..delivery.sources import is_live, open_reader
 from ..errors import FormatError
-from ..live_manifests import LiveError
-from ..live_source import LiveSource
+from ..live.manifests import LiveError
+from ..live.retention import watermarks
+from ..live.source import LiveSource
 from ..redaction import redact
-from ..remote import RemoteSource
-from ..retention import watermarks
-from ..sources import is_live, open_reader
-from ..storage import is_url
+from ..stores.store import is_url
 from .common import EXIT_INVALID, EXIT_OK, shown
 
 

@@ -19,9 +19,9 @@ from typing import Any, TextIO, cast
 
 from zerobatch_spec import HEADER_SIZE, TOKEN_DTYPE
 
-from .. import __version__
 from ..errors import MissingDependencyError, ZeroBatchError
 from ..redaction import remember, scrub
+from ..version import __version__
 from . import dataset_actions, demo, inspect_validate, trace, write_convert
 from .common import (
     EXIT_CODES,

@@ -10,15 +10,15 @@ import json
 import os
 from typing import Any
 
+from ..delivery.loader import DEFAULT_BLOCK_SIZE
+from ..delivery.provenance import DEFAULT_MAX_ROWS
 from ..errors import ZeroBatchError
-from ..loader import DEFAULT_BLOCK_SIZE
-from ..provenance import DEFAULT_MAX_ROWS
 from .common import EXIT_OK, UsageError, check_readable, count, dataset_directory, positive, u64
 from .flags import flag_message
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from ..provenance import trace_step
+    from ..delivery.provenance import trace_step
 
     if os.path.isdir(args.path):
         dataset_directory(args.path)

@@ -137,7 +137,7 @@ def _convert_with_ray(args: argparse.Namespace, inputs: Sequence[str]) -> int:
             "convert nanoGPT shards and .npy arrays with the local engine"
         )
     try:
-        from ..ray_convert import convert_with_ray
+        from ..ingest.ray_convert import convert_with_ray
     except ImportError as e:
         if (e.name or "").split(".")[0] != "ray":
             raise

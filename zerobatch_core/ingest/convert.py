@@ -5,7 +5,7 @@ text (``.parquet``, ``.jsonl``/``.json``, ``.txt``) which is tokenized and packe
 through ``write_batch_dataset``, so memory stays bounded (see ``MEMORY_BOUND_BYTES``) and the
 output is still globally shuffled by the spec's record permutation; the file appears atomically
 at the end, so an interrupted conversion leaves nothing that looks valid, and a rerun simply
-starts again (see ``zerobatch_core.writer`` for what a killed run can leave and how the next
+starts again (see ``zerobatch_core.files.writer`` for what a killed run can leave and how the next
 write into the directory removes it).
 
 Before anything is read or written, the output path is checked: it must not be one of the
@@ -47,10 +47,10 @@ import numpy.typing as npt
 from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME, Source
 
 from ..arguments import U32_MAX, int_arg
-from ..dataset_build import check_dataset_output, write_sharded_dataset
+from ..datasets.build import check_dataset_output, write_sharded_dataset
 from ..errors import IngestError, WriteError
+from ..files.writer import CHUNK_BYTES, check_output, write_batch_dataset
 from ..tokenization.parallel import tokenize_documents
-from ..writer import CHUNK_BYTES, check_output, write_batch_dataset
 from .arrays import ArrayFile, ArraySource
 from .nanogpt import Align, BinShard, NanoGPTSource, bos_index_path
 from .packing import Mode, PackingStats, make_records

@@ -33,14 +33,14 @@ import numpy.typing as npt
 import xxhash
 from zerobatch_spec import TOKEN_BYTES, U32_MAX, U64_MAX, build_header
 
-from .arguments import int_arg
+from ..arguments import int_arg
+from ..datasets.dataset import DatasetReader, Verify
+from ..datasets.remote import Region, RemoteSource, RemoteVerify
+from ..errors import StateError
+from ..files.reader import BatchFileReader
+from ..order import BlockOrder, Order
 from .buffers import BufferPool, ChunkStage, convert_into
-from .dataset import DatasetReader, Verify
 from .documents import document_layout
-from .errors import StateError
-from .order import BlockOrder, Order
-from .reader import BatchFileReader
-from .remote import Region, RemoteSource, RemoteVerify
 from .slicing import Slicing
 from .sources import open_reader
 

@@ -25,8 +25,8 @@ import sys
 import tempfile
 from collections.abc import Callable
 
-from .errors import WriteError, ZeroBatchIOError
-from .writer import _temp_owner
+from ..errors import WriteError, ZeroBatchIOError
+from ..files.writer import _temp_owner
 
 if sys.platform != "win32":
     import fcntl

@@ -13,10 +13,11 @@ from typing import Any
 
 from zerobatch_spec.live import DESCRIPTOR_NAME
 
-from .dataset import DatasetReader, Verify, open_source
-from .reader import BatchFileReader
-from .remote import RemoteSource, RemoteVerify
-from .storage import Store, is_url, open_store
+from ..datasets.dataset import DatasetReader, Verify, open_source
+from ..datasets.remote import RemoteSource, RemoteVerify
+from ..files.reader import BatchFileReader
+from ..stores.resolve import open_store
+from ..stores.store import Store, is_url
 
 Reader = BatchFileReader | DatasetReader | RemoteSource
 """Every reader a loader serves from."""
@@ -66,7 +67,7 @@ def open_url(
     exists, else a ``RemoteSource`` (a dataset if ``manifest.json`` exists, else a file)."""
     store = source if isinstance(source, Store) else open_store(os.fspath(source))
     if store.exists(DESCRIPTOR_NAME):
-        from .live_source import LiveSource
+        from ..live.source import LiveSource
 
         return LiveSource(store, verify=verify, **remote)
     if isinstance(source, Store):

@@ -22,8 +22,8 @@ from zerobatch_spec import (
     check_header,
 )
 
-from .closing import Closing
-from .errors import FormatError, ZeroBatchError, ZeroBatchIOError
+from ..closing import Closing
+from ..errors import FormatError, ZeroBatchError, ZeroBatchIOError
 from .pages import Readahead
 
 _SIGNED_TOKEN_DTYPE = np.dtype(np.int32).newbyteorder(TOKEN_DTYPE.byteorder)

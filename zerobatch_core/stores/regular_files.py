@@ -16,7 +16,7 @@ import errno
 import os
 import stat
 
-from .errors import ZeroBatchIOError
+from ..errors import ZeroBatchIOError
 
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 

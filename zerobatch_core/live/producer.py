@@ -73,11 +73,12 @@ from zerobatch_spec.live import (
     seal,
 )
 
-from .arguments import int_arg
-from .commit_cadence import Cadence, make_cadence
-from .errors import ZeroBatchError
-from .live_manifests import ChainError, LiveError, ManifestChain
-from .storage import Store, StoreError, open_store
+from ..arguments import int_arg
+from ..errors import ZeroBatchError
+from ..stores.resolve import open_store
+from ..stores.store import Store, StoreError
+from .cadence import Cadence, make_cadence
+from .manifests import ChainError, LiveError, ManifestChain
 
 PROBE_PREFIX = "probes/"
 

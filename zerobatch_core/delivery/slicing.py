@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .arguments import int_arg
+from ..arguments import int_arg
 
 
 @dataclass(frozen=True)

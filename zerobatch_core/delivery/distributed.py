@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from .arguments import int_arg
+from ..arguments import int_arg
 
 
 def rank_rows(batch_size: int, rank: int, world_size: int) -> slice:

@@ -69,8 +69,8 @@ from zerobatch_spec import (
     unpermute_array,
 )
 
-from .arguments import int_arg
-from .errors import WriteError, ZeroBatchIOError
+from ..arguments import int_arg
+from ..errors import WriteError, ZeroBatchIOError
 from .pages import discard, release_pages, start_writeback
 
 if sys.platform != "win32":

@@ -74,9 +74,10 @@ from zerobatch_spec.live import (
     watermark_name,
 )
 
-from .live_manifests import ChainError as ChainError  # raised here, and re-exported
-from .live_manifests import LiveError, ManifestChain
-from .storage import LocalStore, Store, open_store
+from ..stores.resolve import open_store
+from ..stores.store import LocalStore, Store
+from .manifests import ChainError as ChainError
+from .manifests import LiveError, ManifestChain
 
 RECLAIM_WRITER = "reclaim"
 """The writer id retention's manifest versions carry."""

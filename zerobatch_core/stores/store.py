@@ -1,19 +1,20 @@
-"""Object stores: one small interface over local directories, object storage and fsspec.
+"""Byte stores: one small interface over local directories, object storage and fsspec.
 
 A ``Store`` is a flat namespace of immutable-once-written objects under one root, with the few
 operations ZeroBatch needs from object storage: whole reads, concurrent byte-range reads, sizes,
 writes, a *conditional create* (write only if the key does not exist yet: ``O_EXCL``/``link``
 on a file system, ``If-None-Match: *`` on S3-compatible stores), deletes and listings.
 
-``open_store(url)`` picks the implementation from the URL: a path or ``file://`` URL is a
-``LocalStore``; ``s3://``, ``gs://``, ``az://``, ``http://`` and ``https://`` use the Rust
-``object_store`` crate through ``obstore`` (``object_stores.ObstoreStore``, the optional
-``zerobatch[remote]`` extra); a configured ``fsspec`` filesystem is accepted as it is
-(``object_stores.FsspecStore``). Credentials come from each store's standard environment and
-configuration (for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
-``AWS_REGION``, ``AWS_ENDPOINT_URL``, ...); ZeroBatch never stores, prints or logs them: URLs
-in messages are shown without any user information, and every error text, including what the
-store's client says, is scrubbed of user information and of the URL's secrets (``redaction``).
+``open_store(url)`` (``resolve.py``) picks the implementation from the URL: a path or
+``file://`` URL is a ``LocalStore`` (here); ``s3://``, ``gs://``, ``az://``, ``http://`` and
+``https://`` use the Rust ``object_store`` crate through ``obstore``
+(``object_stores.ObstoreStore``, the optional ``zerobatch[remote]`` extra); a configured
+``fsspec`` filesystem is accepted as it is (``object_stores.FsspecStore``). Credentials come
+from each store's standard environment and configuration (for S3: ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``, ...);
+ZeroBatch never stores, prints or logs them: URLs in messages are shown without any user
+information, and every error text, including what the store's client says, is scrubbed of user
+information and of the URL's secrets (``redaction``).
 
 Every operation is retried with exponential backoff and jitter when the store throttles (S3
 ``SlowDown``, HTTP 429/500/502/503/504) or the connection drops (``RetryPolicy``); the store
@@ -36,8 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .errors import ZeroBatchError, ZeroBatchIOError
-from .redaction import redact, remember, scrub
+from ..errors import ZeroBatchError
+from ..redaction import redact, remember, scrub
 from .regular_files import open_regular_file, read_regular_file
 
 T = TypeVar("T")
@@ -524,46 +525,6 @@ def _is_regular(entry: os.DirEntry[str]) -> bool:
         return entry.is_file()
     except OSError:
         return False
-
-
-def open_store(
-    url: str | os.PathLike[str] | Any,
-    *,
-    retry: RetryPolicy | None = None,
-    options: dict[str, str] | None = None,
-) -> Store:
-    """The store rooted at ``url``: a path, a ``file://``, ``s3://``, ``gs://``, ``az://`` or
-    ``http(s)://`` URL, an fsspec filesystem paired with a root (``(fs, "bucket/prefix")``), or
-    a ``Store`` (returned as it is).
-
-    ``options`` are passed to the object-store client (for S3, e.g. ``{"endpoint":
-    "http://127.0.0.1:9000"}``); credentials are best left to the environment.
-    """
-    if isinstance(url, Store):
-        return url
-    if isinstance(url, tuple) and len(url) == 2:
-        from .object_stores import FsspecStore
-
-        return FsspecStore(url[0], str(url[1]), retry=retry)
-    if not isinstance(url, (str, os.PathLike)):
-        raise TypeError(f"expected a path, a URL or a Store, got {type(url).__name__}")
-    text = os.fspath(url)
-    if not is_url(text):
-        if "://" in text:
-            scheme = text.split("://", 1)[0]
-            raise ZeroBatchIOError(
-                errno.EINVAL,
-                f"unknown URL scheme {scheme!r} (ZeroBatch opens {', '.join(URL_SCHEMES)})",
-                redact(text),
-            )
-        return LocalStore(text, retry)
-    scheme = text.split("://", 1)[0].lower()
-    if scheme == "file":
-        path = urllib.parse.unquote(urllib.parse.urlsplit(text).path)
-        return LocalStore(path, retry)
-    from .object_stores import ObstoreStore
-
-    return ObstoreStore(text, retry=retry, options=options)
 
 
 def split_url(source: str) -> tuple[str, str]:

@@ -50,17 +50,12 @@ from zerobatch_spec.dataset import (
     shard_seed,
 )
 
-from .arguments import int_arg
+from ..arguments import int_arg
+from ..errors import WriteError
+from ..files.reader import BatchFileReader
+from ..files.writer import write_batch_dataset, write_bytes_atomic
 from .dataset import slot_checksums
-from .dataset_replace import (
-    StagedReplacement,
-    check_replaceable,
-    refuse_aside,
-    remove_stale_staging,
-)
-from .errors import WriteError
-from .reader import BatchFileReader
-from .writer import write_batch_dataset, write_bytes_atomic
+from .replace import StagedReplacement, check_replaceable, refuse_aside, remove_stale_staging
 
 SHARD_PATTERN = SHARD_NAME_FORMAT
 """File names of the shards ``write_sharded_dataset`` writes (``SPEC.md`` section 12)."""

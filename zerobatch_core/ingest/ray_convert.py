@@ -93,9 +93,8 @@ from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME, Manifest, Shar
 from zerobatch_spec.dataset import shard_seed as dataset_shard_seed
 from zerobatch_spec.layout import TOKEN_BYTES, TOKEN_DTYPE
 
-from .arguments import U32_MAX, int_arg
-from .dataset import slot_checksums
-from .dataset_build import (
+from ..arguments import U32_MAX, int_arg
+from ..datasets.build import (
     SHARD_PATTERN,
     check_dataset_output,
     commit_manifest,
@@ -103,11 +102,18 @@ from .dataset_build import (
     shard_file_names,
     sharded_writer_drops,
 )
-from .dataset_replace import StagedReplacement, remove_stale_staging
-from .errors import IngestError, WriteError, ZeroBatchError
-from .ingest.convert import ConvertSummary, conversion_drops, detect_kind, plural
-from .ingest.packing import Mode, PackingStats, pad_records
-from .ingest.text import (
+from ..datasets.dataset import slot_checksums
+from ..datasets.replace import StagedReplacement, remove_stale_staging
+from ..errors import IngestError, WriteError, ZeroBatchError
+from ..files.reader import BatchFileReader
+from ..files.writer import CHUNK_BYTES, check_output, write_batch_dataset, write_bytes_atomic
+from ..tokenization import DEFAULT_BATCH_DOCS, import_optional, tokenize_documents
+from ..tokenization.descriptions import read_description
+from ..tokenization.resolve import tokenizer_from_json
+from ..tokenization.tiktoken_files import TiktokenTokenizer
+from .convert import ConvertSummary, conversion_drops, detect_kind, plural
+from .packing import Mode, PackingStats, pad_records
+from .text import (
     DEFAULT_BATCH_ROWS,
     Format,
     TextSource,
@@ -117,12 +123,6 @@ from .ingest.text import (
     read_documents,
     row_group_documents,
 )
-from .reader import BatchFileReader
-from .tokenization import DEFAULT_BATCH_DOCS, import_optional, tokenize_documents
-from .tokenization.descriptions import read_description
-from .tokenization.resolve import tokenizer_from_json
-from .tokenization.tiktoken_files import TiktokenTokenizer
-from .writer import CHUNK_BYTES, check_output, write_batch_dataset, write_bytes_atomic
 
 if TYPE_CHECKING:
     from ray.data._internal.execution.interfaces import TaskContext

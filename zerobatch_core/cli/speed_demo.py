@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import numpy as np
 import numpy.typing as npt
 
-from .loader import BatchNativeLoader, OutputDType
-from .writer import write_batch_dataset
+from ..delivery.loader import BatchNativeLoader, OutputDType
+from ..files.writer import write_batch_dataset
 
 
 def _synthetic_records(

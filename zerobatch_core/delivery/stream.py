@@ -41,12 +41,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, NamedTuple, T
 
 import numpy.typing as npt
 
-from .arguments import int_arg
+from ..arguments import int_arg
+from ..closing import Closing
+from ..datasets.dataset import DatasetReader, Verify
+from ..datasets.remote import RemoteSource, RemoteVerify
+from ..errors import StateError
+from ..files.reader import BatchFileReader
 from .buffers import stop_at_exit
-from .closing import Closing
-from .dataset import DatasetReader, Verify
 from .distributed import resolve_rank_world
-from .errors import StateError
 from .loader import (
     DEFAULT_BLOCK_SIZE,
     OUTPUT_DTYPES,
@@ -56,8 +58,6 @@ from .loader import (
     OutputDType,
     Position,
 )
-from .reader import BatchFileReader
-from .remote import RemoteSource, RemoteVerify
 from .slicing import Slicing
 from .sources import READER_TYPES, open_reader
 

@@ -22,9 +22,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import MissingDependencyError
-from .redaction import redact, scrub
-from .storage import RetryPolicy, Store, StoreError
+from ..errors import MissingDependencyError
+from ..redaction import redact, scrub
+from .store import RetryPolicy, Store, StoreError
 
 
 def _obstore() -> Any:

@@ -37,8 +37,8 @@ from zerobatch_spec.live import (
     successor_violation,
 )
 
-from .errors import ZeroBatchError
-from .storage import Store
+from ..errors import ZeroBatchError
+from ..stores.store import Store
 
 SEGMENT_CACHE = 64
 """Segments kept in memory by one chain (least recently used first out)."""

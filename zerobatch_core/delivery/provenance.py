@@ -34,11 +34,11 @@ from typing import Any
 from zerobatch_spec import record_source
 from zerobatch_spec.dataset import Source
 
-from .arguments import int_arg
-from .dataset import DatasetReader, open_source
-from .errors import ZeroBatchError
+from ..arguments import int_arg
+from ..datasets.dataset import DatasetReader, open_source
+from ..errors import ZeroBatchError
+from ..files.reader import BatchFileReader
 from .loader import DEFAULT_BLOCK_SIZE, BatchNativeLoader
-from .reader import BatchFileReader
 
 DEFAULT_MAX_ROWS = 1 << 16
 """Rows a trace accounts for at most by default: each costs one permutation evaluation and one

@@ -35,10 +35,11 @@ from zerobatch_spec.live import (
     parse_descriptor,
 )
 
-from .live_manifests import ChainError, LiveError, LiveTimeoutError, ManifestChain
-from .order import BlockOrder, Order
-from .remote import BatchObject, RemoteSource, RemoteVerify
-from .storage import Store, open_store
+from ..datasets.remote import BatchObject, RemoteSource, RemoteVerify
+from ..order import BlockOrder, Order
+from ..stores.resolve import open_store
+from ..stores.store import Store
+from .manifests import ChainError, LiveError, LiveTimeoutError, ManifestChain
 
 LIVE_NUM_BATCHES = 2**62
 """The stored batches a loader sees in a live dataset: its one epoch never ends."""

@@ -40,11 +40,11 @@ from zerobatch_spec.dataset import (
     parse_manifest,
 )
 
-from .closing import Closing
-from .errors import ZeroBatchError
-from .order import ShardedBlockOrder, sharded_order
-from .reader import BatchFileReader
-from .regular_files import read_regular_file
+from ..closing import Closing
+from ..errors import ZeroBatchError
+from ..files.reader import BatchFileReader
+from ..order import ShardedBlockOrder, sharded_order
+from ..stores.regular_files import read_regular_file
 
 Verify = Literal["off", "first", "always"]
 VERIFY_MODES: tuple[Verify, ...] = ("off", "first", "always")

@@ -75,13 +75,14 @@ from zerobatch_spec.dataset import (
     parse_manifest,
 )
 
-from .closing import Closing
+from ..closing import Closing
+from ..errors import FormatError
+from ..order import BlockOrder, Order, sharded_order
+from ..redaction import redact
+from ..stores.range_cache import RangeCache
+from ..stores.resolve import open_store
+from ..stores.store import Store, split_url
 from .dataset import DatasetError
-from .errors import FormatError
-from .order import BlockOrder, Order, sharded_order
-from .range_cache import RangeCache
-from .redaction import redact
-from .storage import Store, open_store, split_url
 
 RemoteVerify = Literal["off", "whole", "first", "always"]
 REMOTE_VERIFY_MODES: tuple[RemoteVerify, ...] = ("off", "whole", "first", "always")
