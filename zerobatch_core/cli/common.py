@@ -97,7 +97,7 @@ def readable_inputs(patterns: Sequence[str]) -> list[str]:
 def check_output_argument(args: argparse.Namespace, inputs: Sequence[str]) -> None:
     """The writers' own checks of ``args.output`` (``writer.check_output``: not a directory, in
     an existing directory, not one of ``inputs``, not an existing file unless ``--overwrite``;
-    with ``--shard-size``, ``dataset_build.check_dataset_output``), made before anything is
+    with ``--shard-size``, ``datasets.build.check_dataset_output``), made before anything is
     read, and reported as usage errors. A URL is refused: the writers write local paths, and
     ``https://host/x`` would become a local directory named ``https:``."""
     from ..datasets.build import check_dataset_output

@@ -21,7 +21,7 @@ instant, a kill or Ctrl-C included. The old directory's files that the new datas
 replace are carried over as hard links, so the directory holds exactly the new dataset plus
 the user's other files (``write_sharded_dataset`` drops the old dataset's listed shards and
 every ``shard-NNNNN.batch``; ``create_dataset`` only the old manifest and checksums). The
-staging and the swap are ``dataset_replace``'s (shared with ``ray_convert``).
+staging and the swap are ``replace.py``'s (shared with ``ingest/ray_convert.py``).
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def check_dataset_output(
     (``shard-NNNNN.batch``) without a manifest, unless ``overwrite``; a dataset that cannot be
     replaced whole (a mount point, or one holding a subdirectory or another entry that is not
     a regular file or symbolic link: see ``write_sharded_dataset``); a dataset an interrupted
-    overwrite moved aside (``dataset_replace.ASIDE_TAG``); and, always, an input that is one of
+    overwrite moved aside (``replace.ASIDE_TAG``); and, always, an input that is one of
     the files the write would replace (a shard, the checksums or the manifest).
     """
     path = os.fspath(directory)

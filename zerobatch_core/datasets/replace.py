@@ -10,7 +10,7 @@ the new ones at every instant, a kill or Ctrl-C included. The old directory's fi
 replacement does not drop are carried over as hard links, so the user's own files survive.
 
 This module knows nothing of manifests: the caller says which names the replacement drops.
-``dataset_build`` (``write_sharded_dataset``, ``create_dataset``) and ``ray_convert`` use it.
+``build.py`` (``write_sharded_dataset``, ``create_dataset``) and ``ingest/ray_convert.py`` use it.
 """
 
 from __future__ import annotations

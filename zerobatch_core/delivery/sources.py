@@ -3,7 +3,7 @@
 A path opens as before (``dataset.open_source``: a dataset directory or a file). A URL
 (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``) opens a ``RemoteSource``
 (``remote.py``), and a live dataset, at a URL or a path, a ``LiveSource``
-(``live_source.py``). Readers already open are returned as they are.
+(``live/source.py``). Readers already open are returned as they are.
 """
 
 from __future__ import annotations

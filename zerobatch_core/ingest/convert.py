@@ -15,7 +15,7 @@ batch unless ``allow_empty=True``. Sources are read with positioned reads, so a 
 during the conversion raises an ``IngestError`` naming it, and no output or temporary file is
 left behind.
 
-With ``shard_batches=N`` the output is a dataset directory instead (``dataset_build``): the
+With ``shard_batches=N`` the output is a dataset directory instead (``datasets/build.py``): the
 record stream is cut into shards of ``N`` batches, each written by the same file writer, and the
 manifest's ``sources`` record which input file gave which range ``[first, last)`` of the
 conversion's input records (the records in the order the source yields them, before shuffling):
@@ -350,7 +350,7 @@ def convert(
     sources are checked once they have been read, before the output is created).
 
     With ``shard_batches`` the output is a dataset directory of shards of that many batches
-    (see the module docstring; ``dataset_build.check_dataset_output`` says what is refused).
+    (see the module docstring; ``datasets.build.check_dataset_output`` says what is refused).
     """
     t = int_arg("seq_len", seq_len, 1, U32_MAX, IngestError)
     b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)

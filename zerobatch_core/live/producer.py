@@ -12,7 +12,7 @@ shared primitive.
   ``zerobatch_spec.live.commit_entries``), and creates it only if no version ``v + 1`` exists.
   If another producer got there first, it reads the winner, rebases on it and tries again; a
   version that already holds some of its items (a restart, a zombie twin) makes it drop them.
-  When to attempt a commit is the cadence's decision (``commit_cadence.py``: adaptive by
+  When to attempt a commit is the cadence's decision (``live/cadence.py``: adaptive by
   default); ``append`` commits by itself when the cadence says so, and ``close`` commits the
   rest.
 * Exactly once across restarts: the manifest records each producer's committed offset. A
@@ -138,7 +138,7 @@ class LiveProducer:
     must have that shape if they are given. ``producer_id`` names this producer's stream
     (1-64 of ``A-Z a-z 0-9 _ -``): it must be stable across restarts and unique among the
     producers running at once. ``cadence`` is ``"adaptive"`` (DAC), ``k`` (commit every ``k``
-    appends) or a ``commit_cadence.Cadence``. ``probe=False`` skips the conditional-create
+    appends) or a ``live.cadence.Cadence``. ``probe=False`` skips the conditional-create
     probe (for stores already probed).
 
     >>> run = "s3://bucket/run"
