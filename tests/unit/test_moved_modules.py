@@ -16,6 +16,7 @@ from zerobatch_core import _moved
 def test_an_old_path_is_its_new_homes_module(old: str, new: str) -> None:
     module = importlib.import_module(f"zerobatch_core.{old}")
     assert module is importlib.import_module(f"zerobatch_core.{new}")
+    assert module.__spec__ is not None
     assert module.__name__ == module.__spec__.name == f"zerobatch_core.{new}"
 
 
