@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from zerobatch_spec import U32_MAX, U64_MAX
@@ -188,3 +190,22 @@ class ProgressDisplay:
     def __exit__(self, *exc: object) -> None:
         if self.progress is not None:  # end the progress line, before any error message
             print(file=self.stream)
+
+
+def report_invalid(
+    command: str, path: str, error: Mapping[str, object], message: object, as_json: bool
+) -> int:
+    """A source that ``command`` could not open because it breaks the format: with ``--json``
+    one object ``{"path", "valid": false, "error"}`` on stdout, the message on stderr always;
+    returns the exit status for an invalid source."""
+    if as_json:
+        print(json.dumps({"path": path, "valid": False, "error": dict(error)}))
+    print(f"zerobatch {command}: {message}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def print_table(info: Mapping[str, object]) -> None:
+    """``key  value`` lines, keys padded to one width, floats to 4 decimals."""
+    width = max(len(k) for k in info)
+    for k, v in info.items():
+        print(f"{k:<{width}}  {f'{v:.4f}' if isinstance(v, float) else v}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,17 +22,10 @@ from ..errors import FormatError
 from ..files.reader import BatchFileReader
 from ..files.validation import validate_file
 from . import inspect_validate_remote
-from .common import EXIT_INVALID, EXIT_OK, dataset_directory, plural
+from .common import EXIT_INVALID, EXIT_OK, dataset_directory, plural, print_table, report_invalid
 
 DTYPE_NAMES: Mapping[int, str] = {DTYPE_UINT32: TOKEN_DTYPE.name}
 """The name of each token dtype code, shown by ``inspect`` beside the code."""
-
-
-def _print_table(info: Mapping[str, object]) -> None:
-    """``key  value`` lines, keys padded to one width, floats to 4 decimals."""
-    width = max(len(k) for k in info)
-    for k, v in info.items():
-        print(f"{k:<{width}}  {f'{v:.4f}' if isinstance(v, float) else v}")
 
 
 def _inspect_dataset(args: argparse.Namespace) -> int:
@@ -41,11 +33,8 @@ def _inspect_dataset(args: argparse.Namespace) -> int:
     try:
         reader = DatasetReader(args.file, verify="off")
     except DatasetError as e:
-        if args.json:
-            error = {"code": e.code.value, "field": e.where, "detail": e.detail}
-            print(json.dumps({"path": e.path, "valid": False, "error": error}))
-        print(f"zerobatch inspect: {e}", file=sys.stderr)
-        return EXIT_INVALID
+        error = {"code": e.code.value, "field": e.where, "detail": e.detail}
+        return report_invalid("inspect", e.path, error, e, args.json)
     with reader:
         m = reader.manifest
         batches = [s.num_batches for s in m.shards]
@@ -90,7 +79,7 @@ def _inspect_dataset(args: argparse.Namespace) -> int:
         return EXIT_OK
     shown = {k: v for k, v in info.items() if k != "dtype_name"}
     shown["dtype"] = f"{DTYPE_UINT32} ({info['dtype_name']})"
-    _print_table(shown)
+    print_table(shown)
     return EXIT_OK
 
 
@@ -102,11 +91,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     try:
         reader = BatchFileReader(args.file)
     except FormatError as e:
-        if args.json:
-            error = {"code": e.code.value, "field": e.field, "detail": e.detail}
-            print(json.dumps({"path": e.path, "valid": False, "error": error}))
-        print(f"zerobatch inspect: {e}", file=sys.stderr)
-        return EXIT_INVALID
+        error = {"code": e.code.value, "field": e.field, "detail": e.detail}
+        return report_invalid("inspect", e.path, error, e, args.json)
     with reader:
         h = reader.header
         info = {
@@ -125,7 +111,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return EXIT_OK
     shown = {k: v for k, v in info.items() if k != "dtype_name"}
     shown["dtype"] = f"{h.dtype} ({info['dtype_name']})"
-    _print_table(shown)
+    print_table(shown)
     return EXIT_OK
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from zerobatch_spec import DTYPE_UINT32, padded_batch_bytes
@@ -29,7 +28,7 @@ from ..live.retention import watermarks
 from ..live.source import LiveSource
 from ..redaction import redact
 from ..stores.store import is_url
-from .common import EXIT_INVALID, EXIT_OK, shown
+from .common import EXIT_INVALID, EXIT_OK, print_table, report_invalid, shown
 
 
 def handles(path: str) -> bool:
@@ -112,18 +111,13 @@ def inspect(args: argparse.Namespace) -> int:
     try:
         source = _open(args.file)
     except BROKEN as e:
-        if args.json:
-            print(json.dumps({"path": shown(args.file), "valid": False, "error": _error(e)}))
-        print(f"zerobatch inspect: {e}", file=sys.stderr)
-        return EXIT_INVALID
+        return report_invalid("inspect", shown(args.file), _error(e), e, args.json)
     with source:
         info = _info(source)
     if args.json:
         print(json.dumps(info))
     else:
-        width = max(len(k) for k in info)
-        for k, v in info.items():
-            print(f"{k:<{width}}  {v}")
+        print_table(info)
     return EXIT_OK
 
 
