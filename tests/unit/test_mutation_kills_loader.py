@@ -6,6 +6,8 @@ Each test names one behaviour; the comment under it says which kind of slip it c
 from __future__ import annotations
 
 import os
+import threading
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +15,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from zerobatch_spec import HEADER_SIZE
 
+from tests.helpers import records
 from zerobatch_core import (
     BatchFileReader,
     BatchNativeLoader,
+    DatasetError,
     StateError,
     write_batch_file,
     write_sharded_dataset,
@@ -490,3 +495,130 @@ def test_a_ranks_int64_items_are_its_uint32_items_widened(
         assert item[0].dtype == np.int64 and item[1].dtype == np.dtype(label_dtype)
         np.testing.assert_array_equal(item[0], inputs)
         np.testing.assert_array_equal(item[1], labels)
+
+
+def test_int64_items_of_one_batch_steps_come_from_shared_chunk_buffers(
+    make_file: Callable[..., Path],
+) -> None:
+    # The int64 stage converts several steps with one copy (README, "Speed"): consecutive
+    # items of a chunk are views of one pooled buffer, not one conversion each.
+    items = list(BatchNativeLoader(make_file(n=80, batch_size=4), dtype="int64", seed=1))
+    assert len(items) == 20 and all(item.base is not None for item in items)
+    assert items[0].base is items[1].base
+
+
+def test_an_ended_pass_does_not_forget_the_chunk_stage_of_the_pass_after_it(
+    make_file: Callable[..., Path],
+) -> None:
+    # Closing an older pass must leave the newer pass's stage to the loader, which stops it
+    # when the cursor moves: no converting thread outlives the pass it served.
+    loader = BatchNativeLoader(make_file(n=400, batch_size=4), dtype="int64", seed=1)
+    first = iter(loader)
+    next(first)
+    second = iter(loader)
+    next(second)
+    first.close()
+    loader.seek(Position(0, 0))  # ends the second pass: its stage stops here
+    deadline = time.monotonic() + 10
+    while any(t.name == "zerobatch-chunks" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the second pass's chunk stage is still running"
+        time.sleep(0.01)
+    second.close()
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint32"])
+def test_the_cursor_after_each_item_is_the_step_after_it(
+    make_file: Callable[..., Path], dtype: str
+) -> None:
+    path = make_file(n=80, batch_size=4)
+    loader = BatchNativeLoader(path, dtype=dtype, seed=1)  # type: ignore[arg-type]
+    everything = [np.array(item) for item in BatchNativeLoader(path, dtype=dtype, seed=1)]  # type: ignore[arg-type]
+    for k, _ in enumerate(loader, start=1):
+        assert loader.position == Position(0, k) or k == 20, k
+        if k in (1, 7, 9):  # within and across chunks: a resumed loader serves the rest
+            again = BatchNativeLoader(path, dtype=dtype, seed=1)  # type: ignore[arg-type]
+            again.load_state_dict(loader.state_dict())
+            rest = [np.array(item) for item in again]
+            assert len(rest) == 20 - k
+            assert all(np.array_equal(a, b) for a, b in zip(rest, everything[k:], strict=True))
+
+
+def test_served_counts_the_skipped_steps_of_its_own_epoch_only(
+    make_file: Callable[..., Path],
+) -> None:
+    # 10 steps per epoch; global steps 3-4 (epoch 0), 12-14 and 18 (epoch 1), 25 (epoch 2).
+    loader = BatchNativeLoader(
+        make_file(n=40, batch_size=4), skip_steps=[(3, 5), (12, 15), (18, 19), (25, 26)]
+    )
+    assert loader.served(Position(0, 0)) == 10 - 2
+    assert loader.served(Position(1, 0)) == 10 - 4
+    assert loader.served(Position(1, 3)) == 7 - 3  # step 13 on: 13, 14 and 18 skipped
+    assert loader.served(Position(1, 5)) == 5 - 1  # step 15 on: only 18
+    assert loader.served(Position(2, 4)) == 6 - 1
+    assert loader.served(Position(2, 6)) == 4
+    assert loader.served(Position(1, 10)) == 0
+
+
+def test_a_state_with_the_largest_worker_count_loads(make_file: Callable[..., Path]) -> None:
+    path = make_file(n=40, batch_size=4)
+    state = BatchNativeLoader(path, seed=2).state_dict()
+    state.update(num_workers=2**64 - 1, worker=0)
+    loader = BatchNativeLoader(path, seed=2)
+    loader.load_state_dict(state)  # worker 0 of 2**64 - 1 serves step 0 and nothing after
+    assert len(list(loader)) == 1
+    state.update(num_workers=2**64)
+    with pytest.raises(StateError, match="num_workers"):
+        loader.load_state_dict(state)
+
+
+def test_an_ended_epoch_resumed_with_a_smaller_global_batch_stays_ended(
+    make_file: Callable[..., Path],
+) -> None:
+    # 5 batches of 4: two steps of 8 samples end the epoch with 4 samples unserved; at 4 a
+    # step, the same state must not serve them.
+    path = make_file(n=20, batch_size=4)
+    big = BatchNativeLoader(path, global_batch_size=8, seed=1)
+    steps = iter(big)
+    next(steps), next(steps)
+    state = big.state_dict()
+    assert state["step"] == 2
+    small = BatchNativeLoader(path, global_batch_size=4, seed=1)
+    small.load_state_dict(state)
+    assert small.position == Position(0, 5) and list(small) == []
+
+
+def _corrupt_remote_slot(directory: Path, slot: int, row: int, seq_len: int) -> None:
+    path = directory / "shard-00000.batch"
+    data = bytearray(path.read_bytes())
+    with BatchFileReader(path) as reader:
+        slot_bytes = reader.header.padded_batch_bytes
+    data[HEADER_SIZE + slot * slot_bytes + row * seq_len * 4 + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_one_remote_rank_with_steps_smaller_than_a_slot_checks_every_slot(
+    tmp_path: Path,
+) -> None:
+    # One rank reads every row of a slot over consecutive steps: it fetches the slot whole
+    # and checks it (README, "Object storage"), so a corrupted row is never served.
+    write_sharded_dataset(
+        tmp_path / "ds", [records(80, 16)], batch_size=8, seq_len=16, shard_batches=5
+    )
+    _corrupt_remote_slot(tmp_path / "ds", slot=3, row=6, seq_len=16)
+    loader = BatchNativeLoader(f"file://{tmp_path / 'ds'}", global_batch_size=4, shuffle=False)
+    served = []
+    with pytest.raises(DatasetError, match="checksum_mismatch"):
+        for item in loader:
+            served.append(item)
+    assert len(served) == 6  # slots 0 to 2, two steps each
+    loader.source.close()
+
+
+def test_remote_ranks_that_share_slots_fetch_only_their_rows(tmp_path: Path) -> None:
+    write_sharded_dataset(
+        tmp_path / "ds", [records(80, 16)], batch_size=8, seq_len=16, shard_batches=5
+    )
+    _corrupt_remote_slot(tmp_path / "ds", slot=3, row=6, seq_len=16)  # rank 1's rows only
+    loader = BatchNativeLoader(f"file://{tmp_path / 'ds'}", rank=0, world_size=2, shuffle=False)
+    assert len(list(loader)) == 10
+    loader.source.close()
