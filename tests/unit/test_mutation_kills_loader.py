@@ -622,3 +622,18 @@ def test_remote_ranks_that_share_slots_fetch_only_their_rows(tmp_path: Path) -> 
     loader = BatchNativeLoader(f"file://{tmp_path / 'ds'}", rank=0, world_size=2, shuffle=False)
     assert len(list(loader)) == 10
     loader.source.close()
+
+
+@pytest.mark.parametrize("dtype", ["uint32", "int32"])
+def test_a_worker_of_a_plain_file_serves_only_its_share_of_the_views(
+    make_file: Callable[..., Path], dtype: str
+) -> None:
+    # The whole-file view path serves every step in order; a worker's share must not take it.
+    path = make_file(n=40, batch_size=4)
+    everything = [np.array(i) for i in BatchNativeLoader(path, dtype=dtype, seed=3)]  # type: ignore[arg-type]
+    for worker in (0, 1):
+        loader = BatchNativeLoader(path, dtype=dtype, seed=3)  # type: ignore[arg-type]
+        loader.split_workers(worker, 2)
+        got = [np.array(i) for i in loader]
+        assert len(got) == 5
+        assert all(np.array_equal(a, b) for a, b in zip(got, everything[worker::2], strict=True))
