@@ -637,3 +637,15 @@ def test_a_worker_of_a_plain_file_serves_only_its_share_of_the_views(
         got = [np.array(i) for i in loader]
         assert len(got) == 5
         assert all(np.array_equal(a, b) for a, b in zip(got, everything[worker::2], strict=True))
+
+
+def test_a_loader_keeps_one_chunk_pool_per_process(make_file: Callable[..., Path]) -> None:
+    # Chunk buffers are reused across the passes of a process (bounded memory), and a forked
+    # worker makes its own pool rather than sharing its parent's.
+    loader = BatchNativeLoader(make_file(n=80, batch_size=4), dtype="int64", seed=1)
+    for _ in loader:
+        pass
+    pool = loader._pool()
+    for _ in loader:
+        pass
+    assert loader._pool() is pool and 0 < len(pool) <= pool.capacity
