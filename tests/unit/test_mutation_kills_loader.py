@@ -614,17 +614,24 @@ def test_one_remote_rank_with_steps_smaller_than_a_slot_checks_every_slot(
     loader.source.close()
 
 
-def test_remote_ranks_that_share_slots_fetch_only_their_rows(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", ["uint32", "int64"])  # int64 converts on the caller, too
+def test_remote_ranks_that_share_slots_fetch_only_their_rows(tmp_path: Path, dtype: str) -> None:
     write_sharded_dataset(
         tmp_path / "ds", [records(80, 16)], batch_size=8, seq_len=16, shard_batches=5
     )
     _corrupt_remote_slot(tmp_path / "ds", slot=3, row=6, seq_len=16)  # rank 1's rows only
-    loader = BatchNativeLoader(f"file://{tmp_path / 'ds'}", rank=0, world_size=2, shuffle=False)
+    loader = BatchNativeLoader(
+        f"file://{tmp_path / 'ds'}",
+        rank=0,
+        world_size=2,
+        shuffle=False,
+        dtype=dtype,  # type: ignore[arg-type]
+    )
     assert len(list(loader)) == 10
     loader.source.close()
 
 
-@pytest.mark.parametrize("dtype", ["uint32", "int32"])
+@pytest.mark.parametrize("dtype", ["uint32", "int32", "int64"])  # views, and the int64 chunks
 def test_a_worker_of_a_plain_file_serves_only_its_share_of_the_views(
     make_file: Callable[..., Path], dtype: str
 ) -> None:
@@ -649,3 +656,55 @@ def test_a_loader_keeps_one_chunk_pool_per_process(make_file: Callable[..., Path
     for _ in loader:
         pass
     assert loader._pool() is pool and 0 < len(pool) <= pool.capacity
+
+
+@pytest.mark.parametrize("source", ["file", "dataset"])
+def test_ranks_whose_rows_cross_a_stored_batch_serve_their_rows_of_each_step(
+    tmp_path: Path, source: str
+) -> None:
+    # 12 samples a step over batches of 4, two ranks of 6: rank 1's rows start in the middle
+    # of a stored batch and end in the next one.
+    path: Path = _periodic_file(tmp_path / "f.batch")
+    if source == "dataset":
+        with BatchFileReader(path) as reader:
+            rows = reader.read_batches(0, reader.num_batches).reshape(-1, reader.seq_len)
+        write_sharded_dataset(tmp_path / "d", [rows], batch_size=4, seq_len=9, shard_batches=5)
+        path = tmp_path / "d"
+    whole = [np.array(i) for i in BatchNativeLoader(path, global_batch_size=12, seed=2)]
+    halves = [
+        [
+            np.array(i)
+            for i in BatchNativeLoader(path, global_batch_size=12, seed=2, rank=r, world_size=2)
+        ]
+        for r in (0, 1)
+    ]
+    assert len(whole) == len(halves[0]) == len(halves[1]) == 4
+    for step, item in enumerate(whole):
+        assert halves[0][step].shape == halves[1][step].shape == (6, 9)
+        np.testing.assert_array_equal(np.concatenate([halves[0][step], halves[1][step]]), item)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(("worker", "workers"), [(0, 2), (1, 2), (2, 3)])
+def test_int64_items_of_any_worker_split_are_the_uint32_items_widened(
+    make_file: Callable[..., Path], seed: int, worker: int, workers: int
+) -> None:
+    # Runs of the int64 stage hold stored batches evenly spaced by the spacing of their first
+    # two; over many seeds and short blocks, gaps of every size follow each other.
+    path = make_file(n=160, batch_size=4)
+
+    def items(dtype: str) -> list[np.ndarray]:
+        loader = BatchNativeLoader(
+            path,
+            block_size=2,
+            dtype=dtype,  # type: ignore[arg-type]
+            seed=seed,
+            skip_steps=[(5, 7)],
+        )
+        loader.split_workers(worker, workers)
+        return [np.array(item, dtype=np.int64) for item in loader]
+
+    wide, narrow = items("int64"), items("uint32")
+    assert len(wide) == len(narrow) > 10
+    for a, b in zip(wide, narrow, strict=True):
+        np.testing.assert_array_equal(a, b)
