@@ -708,3 +708,65 @@ def test_int64_items_of_any_worker_split_are_the_uint32_items_widened(
     assert len(wide) == len(narrow) > 10
     for a, b in zip(wide, narrow, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("entry", ["ab", b"ab", "abc"])
+def test_a_skip_entry_that_is_text_is_refused_whatever_its_length(entry: Any) -> None:
+    with pytest.raises(ValueError, match="skip_steps entries must be"):
+        normalize_skips([entry])
+
+
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        {},
+        {"context_rank": 1, "context_size": 2},
+        {"context_rank": 0, "context_size": 2, "zigzag": True},
+    ],
+    ids=["whole", "context", "zigzag"],
+)
+@pytest.mark.parametrize("dtype", ["uint32", "int64"])
+def test_the_batch_shape_is_the_shape_of_every_item(
+    make_file: Callable[..., Path], ranks: dict[str, Any], dtype: str
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, seq_len=16, batch_size=4), dtype=dtype, **ranks)  # type: ignore[arg-type]
+    shapes = {np.shape(item) for item in loader}
+    assert shapes == {loader.batch_shape}
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"global_batch_size": 2}, {"dtype": "int64"}], ids=["views", "pieces", "chunks"]
+)
+def test_a_pass_superseded_before_its_first_item_serves_nothing(
+    make_file: Callable[..., Path], options: dict[str, Any]
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), seed=2, **options)
+    older = iter(loader)
+    newer = iter(loader)  # ends the older pass, which had not started
+    assert next(older, None) is None
+    assert loader.position == Position(0, 0)
+    assert len(list(newer)) == loader.steps_per_epoch
+
+
+def test_a_step_of_part_of_a_stored_batch_is_a_view_of_the_file(
+    make_file: Callable[..., Path],
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), global_batch_size=2, seed=2)
+    assert all(not item.flags.owndata for item in loader)  # no copy: rows of the mapped batch
+
+
+def test_a_remote_context_rank_fetches_just_its_columns(tmp_path: Path) -> None:
+    # Planned fetches (RemoteSource.ahead) must be the regions read, or each is fetched twice.
+    write_sharded_dataset(
+        tmp_path / "ds", [records(80, 16)], batch_size=8, seq_len=16, shard_batches=5
+    )
+    loader = BatchNativeLoader(
+        f"file://{tmp_path / 'ds'}", context_rank=1, context_size=2, verify="off", shuffle=False
+    )
+    before = loader.source.store.stats.snapshot()["bytes_read"]
+    items = list(loader)
+    after = loader.source.store.stats.snapshot()["bytes_read"]
+    assert len(items) == 10 and items[0].shape == (8, 8)
+    # Two shards' headers, then ten steps of 8 rows by 8 columns of uint32, each fetched once.
+    assert after - before == 2 * HEADER_SIZE + 10 * 8 * 8 * 4
+    loader.source.close()
