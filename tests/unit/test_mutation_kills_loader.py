@@ -770,3 +770,39 @@ def test_a_remote_context_rank_fetches_just_its_columns(tmp_path: Path) -> None:
     # Two shards' headers, then ten steps of 8 rows by 8 columns of uint32, each fetched once.
     assert after - before == 2 * HEADER_SIZE + 10 * 8 * 8 * 4
     loader.source.close()
+
+
+def test_a_file_has_one_identity_read_locally_or_from_a_store(
+    make_file: Callable[..., Path],
+) -> None:
+    # A state saved over a local file loads into a loader of the same file at a URL (and back):
+    # a file's identity is its size, header and sampled tokens wherever it is read from.
+    path = make_file(n=40, batch_size=4)
+    local = BatchNativeLoader(path, seed=2)
+    next(iter(local))
+    remote = BatchNativeLoader(f"file://{path}", seed=2)
+    assert remote.identity() == local.identity()
+    remote.load_state_dict(local.state_dict())
+    assert remote.position == local.position == Position(0, 1)
+    local.load_state_dict(remote.state_dict())
+    remote.source.close()
+
+
+@pytest.mark.parametrize("worker", [0, 1])
+def test_workers_split_at_a_later_epochs_middle_share_its_served_steps(
+    make_file: Callable[..., Path], worker: int
+) -> None:
+    # 10 steps an epoch; in epoch 1 (global steps 10..19) steps 13-14 and 17 are skipped. The
+    # split's origin is step 5 of epoch 1: workers deal out the served steps from there.
+    path = make_file(n=40, batch_size=4)
+    skips = [(13, 15), (17, 18)]
+    single = BatchNativeLoader(path, seed=4, skip_steps=skips)
+    single.seek(Position(1, 5))
+    served = [np.array(i) for i in single]
+    assert len(served) == 5 - 1  # steps 5, 6, 8, 9 of epoch 1
+    loader = BatchNativeLoader(path, seed=4, skip_steps=skips)
+    loader.seek(Position(1, 5))
+    loader.split_workers(worker, 2)
+    got = [np.array(i) for i in loader]
+    assert len(got) == 2
+    assert all(np.array_equal(a, b) for a, b in zip(got, served[worker::2], strict=True))
