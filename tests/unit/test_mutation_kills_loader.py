@@ -806,3 +806,46 @@ def test_workers_split_at_a_later_epochs_middle_share_its_served_steps(
     got = [np.array(i) for i in loader]
     assert len(got) == 2
     assert all(np.array_equal(a, b) for a, b in zip(got, served[worker::2], strict=True))
+
+
+def test_a_negative_worker_is_refused(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    with pytest.raises(ValueError, match="worker -1 is outside num_workers 2"):
+        loader.split_workers(-1, 2)
+
+
+def test_a_state_before_step_zero_is_refused_naming_the_step(
+    make_file: Callable[..., Path],
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    state = loader.state_dict()
+    state.update(step=-1)
+    with pytest.raises(StateError, match="state step -1 is outside"):
+        loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("global_batch_size", "skip"),
+    [(2, (10, 5990)), (1, (10, 11000))],  # one batch a step, and half a batch a step
+    ids=["whole-batches", "half-batches"],
+)
+def test_a_skip_far_past_the_restart_gap_serves_the_steps_after_it(
+    tmp_path: Path, global_batch_size: int, skip: tuple[int, int]
+) -> None:
+    # Past RESTART_GAP positions the walk starts the order anew where the next step is: the
+    # steps after a long skipped range are the batches the order puts there.
+    path = tmp_path / "long.batch"
+    write_batch_file(path, records(12000, 8), 2, seed=5)  # 6000 batches of 2 rows
+    everything = [
+        np.array(item)
+        for item in BatchNativeLoader(
+            path, seed=1, block_size=8, global_batch_size=global_batch_size
+        )
+    ]
+    loader = BatchNativeLoader(
+        path, seed=1, block_size=8, global_batch_size=global_batch_size, skip_steps=[skip]
+    )
+    got = [np.array(item) for item in loader]
+    served = [s for s in range(len(everything)) if not skip[0] <= s < skip[1]]
+    assert len(got) == len(served)
+    assert all(np.array_equal(got[k], everything[s]) for k, s in enumerate(served))
