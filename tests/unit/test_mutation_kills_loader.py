@@ -755,20 +755,29 @@ def test_a_step_of_part_of_a_stored_batch_is_a_view_of_the_file(
     assert all(not item.flags.owndata for item in loader)  # no copy: rows of the mapped batch
 
 
-def test_a_remote_context_rank_fetches_just_its_columns(tmp_path: Path) -> None:
+@pytest.mark.parametrize("next_token", [False, True])  # labels reach one token further
+def test_a_remote_context_rank_fetches_just_its_columns(tmp_path: Path, next_token: bool) -> None:
     # Planned fetches (RemoteSource.ahead) must be the regions read, or each is fetched twice.
+    seq_len = 17 if next_token else 16  # 16 inputs' columns to split between the two ranks
     write_sharded_dataset(
-        tmp_path / "ds", [records(80, 16)], batch_size=8, seq_len=16, shard_batches=5
+        tmp_path / "ds", [records(80, seq_len)], batch_size=8, seq_len=seq_len, shard_batches=5
     )
     loader = BatchNativeLoader(
-        f"file://{tmp_path / 'ds'}", context_rank=1, context_size=2, verify="off", shuffle=False
+        f"file://{tmp_path / 'ds'}",
+        context_rank=1,
+        context_size=2,
+        verify="off",
+        shuffle=False,
+        next_token=next_token,
     )
     before = loader.source.store.stats.snapshot()["bytes_read"]
     items = list(loader)
     after = loader.source.store.stats.snapshot()["bytes_read"]
-    assert len(items) == 10 and items[0].shape == (8, 8)
-    # Two shards' headers, then ten steps of 8 rows by 8 columns of uint32, each fetched once.
-    assert after - before == 2 * HEADER_SIZE + 10 * 8 * 8 * 4
+    width = (items[0][0] if next_token else items[0]).shape[1]
+    columns = width + 1 if next_token else width  # the labels' extra token is read too
+    assert len(items) == 10 and columns < seq_len
+    # Two shards' headers, then ten steps of 8 rows of the rank's columns, each fetched once.
+    assert after - before == 2 * HEADER_SIZE + 10 * 8 * columns * 4
     loader.source.close()
 
 
