@@ -797,24 +797,24 @@ def test_a_file_has_one_identity_read_locally_or_from_a_store(
     remote.source.close()
 
 
-@pytest.mark.parametrize("worker", [0, 1])
+@pytest.mark.parametrize("worker", [0, 1, 2])
 def test_workers_split_at_a_later_epochs_middle_share_its_served_steps(
     make_file: Callable[..., Path], worker: int
 ) -> None:
-    # 10 steps an epoch; in epoch 1 (global steps 10..19) steps 13-14 and 17 are skipped. The
-    # split's origin is step 5 of epoch 1: workers deal out the served steps from there.
-    path = make_file(n=40, batch_size=4)
-    skips = [(13, 15), (17, 18)]
+    # 20 steps an epoch; in epoch 1 (global steps 20..39) steps 7-8 and 13 are skipped. The
+    # split's origin is step 5 of epoch 1: three workers deal out the served steps from there.
+    path = make_file(n=80, batch_size=4)
+    skips = [(27, 29), (33, 34)]
     single = BatchNativeLoader(path, seed=4, skip_steps=skips)
     single.seek(Position(1, 5))
     served = [np.array(i) for i in single]
-    assert len(served) == 5 - 1  # steps 5, 6, 8, 9 of epoch 1
+    assert len(served) == 15 - 3
     loader = BatchNativeLoader(path, seed=4, skip_steps=skips)
     loader.seek(Position(1, 5))
-    loader.split_workers(worker, 2)
+    loader.split_workers(worker, 3)
     got = [np.array(i) for i in loader]
-    assert len(got) == 2
-    assert all(np.array_equal(a, b) for a, b in zip(got, served[worker::2], strict=True))
+    assert len(got) == 4
+    assert all(np.array_equal(a, b) for a, b in zip(got, served[worker::3], strict=True))
 
 
 def test_a_negative_worker_is_refused(make_file: Callable[..., Path]) -> None:
@@ -858,3 +858,23 @@ def test_a_skip_far_past_the_restart_gap_serves_the_steps_after_it(
     served = [s for s in range(len(everything)) if not skip[0] <= s < skip[1]]
     assert len(got) == len(served)
     assert all(np.array_equal(got[k], everything[s]) for k, s in enumerate(served))
+
+
+@pytest.mark.parametrize("worker", [0, 1])
+def test_two_workers_split_at_a_later_epochs_middle_share_its_served_steps(
+    make_file: Callable[..., Path], worker: int
+) -> None:
+    # 10 steps an epoch; in epoch 1 (global steps 10..19) steps 13-14 and 17 are skipped; the
+    # split's origin is step 5 of epoch 1.
+    path = make_file(n=40, batch_size=4)
+    skips = [(13, 15), (17, 18)]
+    single = BatchNativeLoader(path, seed=4, skip_steps=skips)
+    single.seek(Position(1, 5))
+    served = [np.array(i) for i in single]
+    assert len(served) == 5 - 1  # steps 5, 6, 8, 9 of epoch 1
+    loader = BatchNativeLoader(path, seed=4, skip_steps=skips)
+    loader.seek(Position(1, 5))
+    loader.split_workers(worker, 2)
+    got = [np.array(i) for i in loader]
+    assert len(got) == 2
+    assert all(np.array_equal(a, b) for a, b in zip(got, served[worker::2], strict=True))
