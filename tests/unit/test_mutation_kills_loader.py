@@ -801,10 +801,11 @@ def test_a_file_has_one_identity_read_locally_or_from_a_store(
 def test_workers_split_at_a_later_epochs_middle_share_its_served_steps(
     make_file: Callable[..., Path], worker: int
 ) -> None:
-    # 20 steps an epoch; in epoch 1 (global steps 20..39) steps 7-8 and 13 are skipped. The
-    # split's origin is step 5 of epoch 1: three workers deal out the served steps from there.
+    # 20 steps an epoch; in epoch 1 (global steps 20..39) steps 1, 7-8 and 13 are skipped. The
+    # split's origin is step 5 of epoch 1: three workers deal out the served steps from there
+    # (a skipped step before the origin must not count).
     path = make_file(n=80, batch_size=4)
-    skips = [(27, 29), (33, 34)]
+    skips = [(21, 22), (27, 29), (33, 34)]
     single = BatchNativeLoader(path, seed=4, skip_steps=skips)
     single.seek(Position(1, 5))
     served = [np.array(i) for i in single]
