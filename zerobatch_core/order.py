@@ -6,6 +6,7 @@ all share one implementation of the block order pinned in ``SPEC.md``.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -105,7 +106,7 @@ class _Layout:
 
     @classmethod
     def of(cls, shard_batches: tuple[int, ...], block_size: int) -> _Layout:
-        counts = np.asarray(shard_batches, dtype=np.int64).reshape(-1)
+        counts = np.asarray(shard_batches, dtype=np.int64)
         # As in ``dataset_blocks``: a block never outgrows its shard, so a block size beyond
         # the largest shard acts like it (and stays an int64).
         size = min(block_size, max(1, int(counts.max(initial=0))))
@@ -151,7 +152,7 @@ class ShardedBlockOrder:
     seed: int
     shuffle: bool = True
     _layout: _Layout | None = field(default=None, compare=False, repr=False)
-    _cache: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = field(
+    _cache: dict[int | None, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -176,7 +177,7 @@ class ShardedBlockOrder:
         """``(order slots, cumulative deficits)`` of the epoch's short blocks, by order slot:
         ``deficits[j]`` slots are missing from the short blocks served before ``slots[j]``
         (one entry per shard at most, kept for the last epoch asked for)."""
-        tag = epoch if self.shuffle else -1
+        tag = epoch if self.shuffle else None  # unshuffled: the same for every epoch
         cached = self._cache.get(tag)
         if cached is not None:
             return cached
@@ -206,22 +207,20 @@ class ShardedBlockOrder:
         if start >= int(layout.slots[-1]):
             return
         short = self._short(epoch)
-        lo, hi = 0, layout.num_blocks - 1  # the last order slot whose position <= start
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._position(mid, short) <= start:
-                lo = mid
-            else:
-                hi = mid - 1
+        # The last order slot whose position is at most start (positions grow with the slot;
+        # order slot 0's is 0, so a start below it begins there too).
+        after = bisect.bisect_right(
+            range(layout.num_blocks), start, key=lambda k: self._position(k, short)
+        )
+        lo = max(0, after - 1)
         begin = self._position(lo, short)
-        key = self._key(epoch) if self.shuffle else 0
         chunk, k0 = SPAN_CHUNK_FIRST, lo
         while k0 < layout.num_blocks:  # order slots mapped to blocks a chunk at a time
             k1 = min(k0 + chunk, layout.num_blocks)
             chunk = SPAN_CHUNK_MAX
             ids = np.arange(k0, k1, dtype=np.uint64)
             if self.shuffle:
-                ids = permute_array(ids, layout.num_blocks, key, DOMAIN_DATASET_BLOCKS)
+                ids = permute_array(ids, layout.num_blocks, self._key(epoch), DOMAIN_DATASET_BLOCKS)
             blocks = ids.astype(np.int64)
             shard = np.searchsorted(layout.blocks, blocks, side="right") - 1
             within = (blocks - layout.blocks[shard]) * layout.size

@@ -21,13 +21,10 @@ def test_an_old_path_is_its_new_homes_module(old: str, new: str) -> None:
 
 
 def test_the_old_names_of_the_split_modules_still_import() -> None:
-    from zerobatch_core.storage import LocalStore, Store, StoreError, open_store, split_url
-    from zerobatch_core.validation import (
-        DatasetReport,
-        ValidationReport,
-        validate_dataset,
-        validate_file,
-    )
+    from zerobatch_core.datasets.validation import DatasetReport, validate_dataset
+    from zerobatch_core.files.validation import ValidationReport, validate_file
+    from zerobatch_core.stores.resolve import open_store
+    from zerobatch_core.stores.store import LocalStore, Store, StoreError, split_url
 
     assert LocalStore.__module__ == "zerobatch_core.stores.store" and issubclass(LocalStore, Store)
     assert open_store.__module__ == "zerobatch_core.stores.resolve"
@@ -43,18 +40,17 @@ def test_the_old_names_of_the_split_modules_still_import() -> None:
 
 
 def test_the_readme_imports_of_live_datasets_work() -> None:
-    from zerobatch_core.live_source import LiveSource
-    from zerobatch_core.remote import RemoteSource
-    from zerobatch_core.retention import reclaim, record_watermark
-
-    from zerobatch_core.live import LiveProducer
+    from zerobatch_core.datasets.remote import RemoteSource
+    from zerobatch_core.live.producer import LiveProducer
+    from zerobatch_core.live.retention import reclaim, record_watermark
+    from zerobatch_core.live.source import LiveSource
 
     assert issubclass(LiveSource, RemoteSource) and callable(reclaim) and callable(record_watermark)
     assert LiveProducer.__module__ == "zerobatch_core.live.producer"
 
 
 def test_objects_pickled_by_their_class_still_load() -> None:
-    from zerobatch_core.loader import Position
+    from zerobatch_core.delivery.loader import Position
 
     assert pickle.loads(pickle.dumps(Position(1, 2))) == Position(1, 2)
 

@@ -6,6 +6,8 @@ Each test names one behaviour; the comment under it says which kind of slip it c
 from __future__ import annotations
 
 import os
+import threading
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +15,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from zerobatch_spec import HEADER_SIZE
 
+from tests.helpers import records
 from zerobatch_core import (
     BatchFileReader,
     BatchNativeLoader,
+    DatasetError,
     StateError,
     write_batch_file,
     write_sharded_dataset,
@@ -490,3 +495,387 @@ def test_a_ranks_int64_items_are_its_uint32_items_widened(
         assert item[0].dtype == np.int64 and item[1].dtype == np.dtype(label_dtype)
         np.testing.assert_array_equal(item[0], inputs)
         np.testing.assert_array_equal(item[1], labels)
+
+
+def test_int64_items_of_one_batch_steps_come_from_shared_chunk_buffers(
+    make_file: Callable[..., Path],
+) -> None:
+    # The int64 stage converts several steps with one copy (README, "Speed"): consecutive
+    # items of a chunk are views of one pooled buffer, not one conversion each.
+    items = list(BatchNativeLoader(make_file(n=80, batch_size=4), dtype="int64", seed=1))
+    assert len(items) == 20 and all(item.base is not None for item in items)
+    assert items[0].base is items[1].base
+
+
+def test_an_ended_pass_does_not_forget_the_chunk_stage_of_the_pass_after_it(
+    make_file: Callable[..., Path],
+) -> None:
+    # Closing an older pass must leave the newer pass's stage to the loader, which stops it
+    # when the cursor moves: no converting thread outlives the pass it served.
+    loader = BatchNativeLoader(make_file(n=400, batch_size=4), dtype="int64", seed=1)
+    first = iter(loader)
+    next(first)
+    second = iter(loader)
+    next(second)
+    first.close()
+    loader.seek(Position(0, 0))  # ends the second pass: its stage stops here
+    deadline = time.monotonic() + 10
+    while any(t.name == "zerobatch-chunks" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the second pass's chunk stage is still running"
+        time.sleep(0.01)
+    second.close()
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint32"])
+def test_the_cursor_after_each_item_is_the_step_after_it(
+    make_file: Callable[..., Path], dtype: str
+) -> None:
+    path = make_file(n=80, batch_size=4)
+    loader = BatchNativeLoader(path, dtype=dtype, seed=1)  # type: ignore[arg-type]
+    everything = [np.array(item) for item in BatchNativeLoader(path, dtype=dtype, seed=1)]  # type: ignore[arg-type]
+    for k, _ in enumerate(loader, start=1):
+        assert loader.position == Position(0, k) or k == 20, k
+        if k in (1, 7, 9):  # within and across chunks: a resumed loader serves the rest
+            again = BatchNativeLoader(path, dtype=dtype, seed=1)  # type: ignore[arg-type]
+            again.load_state_dict(loader.state_dict())
+            rest = [np.array(item) for item in again]
+            assert len(rest) == 20 - k
+            assert all(np.array_equal(a, b) for a, b in zip(rest, everything[k:], strict=True))
+
+
+def test_served_counts_the_skipped_steps_of_its_own_epoch_only(
+    make_file: Callable[..., Path],
+) -> None:
+    # 10 steps per epoch; global steps 3-4 (epoch 0), 12-14 and 18 (epoch 1), 25 (epoch 2).
+    loader = BatchNativeLoader(
+        make_file(n=40, batch_size=4), skip_steps=[(3, 5), (12, 15), (18, 19), (25, 26)]
+    )
+    assert loader.served(Position(0, 0)) == 10 - 2
+    assert loader.served(Position(1, 0)) == 10 - 4
+    assert loader.served(Position(1, 3)) == 7 - 3  # step 13 on: 13, 14 and 18 skipped
+    assert loader.served(Position(1, 5)) == 5 - 1  # step 15 on: only 18
+    assert loader.served(Position(2, 4)) == 6 - 1
+    assert loader.served(Position(2, 6)) == 4
+    assert loader.served(Position(1, 10)) == 0
+
+
+def test_a_state_with_the_largest_worker_count_loads(make_file: Callable[..., Path]) -> None:
+    path = make_file(n=40, batch_size=4)
+    state = BatchNativeLoader(path, seed=2).state_dict()
+    state.update(num_workers=2**64 - 1, worker=0)
+    loader = BatchNativeLoader(path, seed=2)
+    loader.load_state_dict(state)  # worker 0 of 2**64 - 1 serves step 0 and nothing after
+    assert len(list(loader)) == 1
+    state.update(num_workers=2**64)
+    with pytest.raises(StateError, match="num_workers"):
+        loader.load_state_dict(state)
+
+
+def test_an_ended_epoch_resumed_with_a_smaller_global_batch_stays_ended(
+    make_file: Callable[..., Path],
+) -> None:
+    # 5 batches of 4: two steps of 8 samples end the epoch with 4 samples unserved; at 4 a
+    # step, the same state must not serve them.
+    path = make_file(n=20, batch_size=4)
+    big = BatchNativeLoader(path, global_batch_size=8, seed=1)
+    steps = iter(big)
+    next(steps), next(steps)
+    state = big.state_dict()
+    assert state["step"] == 2
+    small = BatchNativeLoader(path, global_batch_size=4, seed=1)
+    small.load_state_dict(state)
+    assert small.position == Position(0, 5) and list(small) == []
+
+
+def _corrupt_remote_slot(directory: Path, slot: int, row: int, seq_len: int) -> None:
+    path = directory / "shard-00000.batch"
+    data = bytearray(path.read_bytes())
+    with BatchFileReader(path) as reader:
+        slot_bytes = reader.header.padded_batch_bytes
+    data[HEADER_SIZE + slot * slot_bytes + row * seq_len * 4 + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_one_remote_rank_with_steps_smaller_than_a_slot_checks_every_slot(
+    tmp_path: Path,
+) -> None:
+    # One rank reads every row of a slot over consecutive steps: it fetches the slot whole
+    # and checks it (README, "Object storage"), so a corrupted row is never served.
+    write_sharded_dataset(
+        tmp_path / "ds", [records(80, 16)], batch_size=8, seq_len=16, shard_batches=5
+    )
+    _corrupt_remote_slot(tmp_path / "ds", slot=3, row=6, seq_len=16)
+    loader = BatchNativeLoader(f"file://{tmp_path / 'ds'}", global_batch_size=4, shuffle=False)
+    served = []
+    with pytest.raises(DatasetError, match="checksum_mismatch"):
+        for item in loader:
+            served.append(item)
+    assert len(served) == 6  # slots 0 to 2, two steps each
+    loader.source.close()
+
+
+@pytest.mark.parametrize("dtype", ["uint32", "int64"])  # int64 converts on the caller, too
+def test_remote_ranks_that_share_slots_fetch_only_their_rows(tmp_path: Path, dtype: str) -> None:
+    write_sharded_dataset(
+        tmp_path / "ds", [records(80, 16)], batch_size=8, seq_len=16, shard_batches=5
+    )
+    _corrupt_remote_slot(tmp_path / "ds", slot=3, row=6, seq_len=16)  # rank 1's rows only
+    loader = BatchNativeLoader(
+        f"file://{tmp_path / 'ds'}",
+        rank=0,
+        world_size=2,
+        shuffle=False,
+        dtype=dtype,  # type: ignore[arg-type]
+    )
+    assert len(list(loader)) == 10
+    loader.source.close()
+
+
+@pytest.mark.parametrize("dtype", ["uint32", "int32", "int64"])  # views, and the int64 chunks
+def test_a_worker_of_a_plain_file_serves_only_its_share_of_the_views(
+    make_file: Callable[..., Path], dtype: str
+) -> None:
+    # The whole-file view path serves every step in order; a worker's share must not take it.
+    path = make_file(n=40, batch_size=4)
+    everything = [np.array(i) for i in BatchNativeLoader(path, dtype=dtype, seed=3)]  # type: ignore[arg-type]
+    for worker in (0, 1):
+        loader = BatchNativeLoader(path, dtype=dtype, seed=3)  # type: ignore[arg-type]
+        loader.split_workers(worker, 2)
+        got = [np.array(i) for i in loader]
+        assert len(got) == 5
+        assert all(np.array_equal(a, b) for a, b in zip(got, everything[worker::2], strict=True))
+
+
+def test_a_loader_keeps_one_chunk_pool_per_process(make_file: Callable[..., Path]) -> None:
+    # Chunk buffers are reused across the passes of a process (bounded memory), and a forked
+    # worker makes its own pool rather than sharing its parent's.
+    loader = BatchNativeLoader(make_file(n=80, batch_size=4), dtype="int64", seed=1)
+    for _ in loader:
+        pass
+    pool = loader._pool()
+    for _ in loader:
+        pass
+    assert loader._pool() is pool and 0 < len(pool) <= pool.capacity
+
+
+@pytest.mark.parametrize("source", ["file", "dataset"])
+def test_ranks_whose_rows_cross_a_stored_batch_serve_their_rows_of_each_step(
+    tmp_path: Path, source: str
+) -> None:
+    # 12 samples a step over batches of 4, two ranks of 6: rank 1's rows start in the middle
+    # of a stored batch and end in the next one.
+    path: Path = _periodic_file(tmp_path / "f.batch")
+    if source == "dataset":
+        with BatchFileReader(path) as reader:
+            rows = reader.read_batches(0, reader.num_batches).reshape(-1, reader.seq_len)
+        write_sharded_dataset(tmp_path / "d", [rows], batch_size=4, seq_len=9, shard_batches=5)
+        path = tmp_path / "d"
+    whole = [np.array(i) for i in BatchNativeLoader(path, global_batch_size=12, seed=2)]
+    halves = [
+        [
+            np.array(i)
+            for i in BatchNativeLoader(path, global_batch_size=12, seed=2, rank=r, world_size=2)
+        ]
+        for r in (0, 1)
+    ]
+    assert len(whole) == len(halves[0]) == len(halves[1]) == 4
+    for step, item in enumerate(whole):
+        assert halves[0][step].shape == halves[1][step].shape == (6, 9)
+        np.testing.assert_array_equal(np.concatenate([halves[0][step], halves[1][step]]), item)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(("worker", "workers"), [(0, 2), (1, 2), (2, 3)])
+def test_int64_items_of_any_worker_split_are_the_uint32_items_widened(
+    make_file: Callable[..., Path], seed: int, worker: int, workers: int
+) -> None:
+    # Runs of the int64 stage hold stored batches evenly spaced by the spacing of their first
+    # two; over many seeds and short blocks, gaps of every size follow each other.
+    path = make_file(n=160, batch_size=4)
+
+    def items(dtype: str) -> list[np.ndarray]:
+        loader = BatchNativeLoader(
+            path,
+            block_size=2,
+            dtype=dtype,  # type: ignore[arg-type]
+            seed=seed,
+            skip_steps=[(5, 7)],
+        )
+        loader.split_workers(worker, workers)
+        return [np.array(item, dtype=np.int64) for item in loader]
+
+    wide, narrow = items("int64"), items("uint32")
+    assert len(wide) == len(narrow) > 10
+    for a, b in zip(wide, narrow, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("entry", ["ab", b"ab", "abc"])
+def test_a_skip_entry_that_is_text_is_refused_whatever_its_length(entry: Any) -> None:
+    with pytest.raises(ValueError, match="skip_steps entries must be"):
+        normalize_skips([entry])
+
+
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        {},
+        {"context_rank": 1, "context_size": 2},
+        {"context_rank": 0, "context_size": 2, "zigzag": True},
+    ],
+    ids=["whole", "context", "zigzag"],
+)
+@pytest.mark.parametrize("dtype", ["uint32", "int64"])
+def test_the_batch_shape_is_the_shape_of_every_item(
+    make_file: Callable[..., Path], ranks: dict[str, Any], dtype: str
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, seq_len=16, batch_size=4), dtype=dtype, **ranks)  # type: ignore[arg-type]
+    shapes = {np.shape(item) for item in loader}
+    assert shapes == {loader.batch_shape}
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"global_batch_size": 2}, {"dtype": "int64"}], ids=["views", "pieces", "chunks"]
+)
+def test_a_pass_superseded_before_its_first_item_serves_nothing(
+    make_file: Callable[..., Path], options: dict[str, Any]
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), seed=2, **options)
+    older = iter(loader)
+    newer = iter(loader)  # ends the older pass, which had not started
+    assert next(older, None) is None
+    assert loader.position == Position(0, 0)
+    assert len(list(newer)) == loader.steps_per_epoch
+
+
+def test_a_step_of_part_of_a_stored_batch_is_a_view_of_the_file(
+    make_file: Callable[..., Path],
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4), global_batch_size=2, seed=2)
+    assert all(not item.flags.owndata for item in loader)  # no copy: rows of the mapped batch
+
+
+@pytest.mark.parametrize("next_token", [False, True])  # labels reach one token further
+def test_a_remote_context_rank_fetches_just_its_columns(tmp_path: Path, next_token: bool) -> None:
+    # Planned fetches (RemoteSource.ahead) must be the regions read, or each is fetched twice.
+    seq_len = 17 if next_token else 16  # 16 inputs' columns to split between the two ranks
+    write_sharded_dataset(
+        tmp_path / "ds", [records(80, seq_len)], batch_size=8, seq_len=seq_len, shard_batches=5
+    )
+    loader = BatchNativeLoader(
+        f"file://{tmp_path / 'ds'}",
+        context_rank=1,
+        context_size=2,
+        verify="off",
+        shuffle=False,
+        next_token=next_token,
+    )
+    before = loader.source.store.stats.snapshot()["bytes_read"]
+    items = list(loader)
+    after = loader.source.store.stats.snapshot()["bytes_read"]
+    width = (items[0][0] if next_token else items[0]).shape[1]
+    columns = width + 1 if next_token else width  # the labels' extra token is read too
+    assert len(items) == 10 and columns < seq_len
+    # Two shards' headers, then ten steps of 8 rows of the rank's columns, each fetched once.
+    assert after - before == 2 * HEADER_SIZE + 10 * 8 * columns * 4
+    loader.source.close()
+
+
+def test_a_file_has_one_identity_read_locally_or_from_a_store(
+    make_file: Callable[..., Path],
+) -> None:
+    # A state saved over a local file loads into a loader of the same file at a URL (and back):
+    # a file's identity is its size, header and sampled tokens wherever it is read from.
+    path = make_file(n=40, batch_size=4)
+    local = BatchNativeLoader(path, seed=2)
+    next(iter(local))
+    remote = BatchNativeLoader(f"file://{path}", seed=2)
+    assert remote.identity() == local.identity()
+    remote.load_state_dict(local.state_dict())
+    assert remote.position == local.position == Position(0, 1)
+    local.load_state_dict(remote.state_dict())
+    remote.source.close()
+
+
+@pytest.mark.parametrize("worker", [0, 1, 2])
+def test_workers_split_at_a_later_epochs_middle_share_its_served_steps(
+    make_file: Callable[..., Path], worker: int
+) -> None:
+    # 20 steps an epoch; in epoch 1 (global steps 20..39) steps 1, 7-8 and 13 are skipped. The
+    # split's origin is step 5 of epoch 1: three workers deal out the served steps from there
+    # (a skipped step before the origin must not count).
+    path = make_file(n=80, batch_size=4)
+    skips = [(21, 22), (27, 29), (33, 34)]
+    single = BatchNativeLoader(path, seed=4, skip_steps=skips)
+    single.seek(Position(1, 5))
+    served = [np.array(i) for i in single]
+    assert len(served) == 15 - 3
+    loader = BatchNativeLoader(path, seed=4, skip_steps=skips)
+    loader.seek(Position(1, 5))
+    loader.split_workers(worker, 3)
+    got = [np.array(i) for i in loader]
+    assert len(got) == 4
+    assert all(np.array_equal(a, b) for a, b in zip(got, served[worker::3], strict=True))
+
+
+def test_a_negative_worker_is_refused(make_file: Callable[..., Path]) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    with pytest.raises(ValueError, match="worker -1 is outside num_workers 2"):
+        loader.split_workers(-1, 2)
+
+
+def test_a_state_before_step_zero_is_refused_naming_the_step(
+    make_file: Callable[..., Path],
+) -> None:
+    loader = BatchNativeLoader(make_file(n=40, batch_size=4))
+    state = loader.state_dict()
+    state.update(step=-1)
+    with pytest.raises(StateError, match="state step -1 is outside"):
+        loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("global_batch_size", "skip"),
+    [(2, (10, 5990)), (1, (10, 11000))],  # one batch a step, and half a batch a step
+    ids=["whole-batches", "half-batches"],
+)
+def test_a_skip_far_past_the_restart_gap_serves_the_steps_after_it(
+    tmp_path: Path, global_batch_size: int, skip: tuple[int, int]
+) -> None:
+    # Past RESTART_GAP positions the walk starts the order anew where the next step is: the
+    # steps after a long skipped range are the batches the order puts there.
+    path = tmp_path / "long.batch"
+    write_batch_file(path, records(12000, 8), 2, seed=5)  # 6000 batches of 2 rows
+    everything = [
+        np.array(item)
+        for item in BatchNativeLoader(
+            path, seed=1, block_size=8, global_batch_size=global_batch_size
+        )
+    ]
+    loader = BatchNativeLoader(
+        path, seed=1, block_size=8, global_batch_size=global_batch_size, skip_steps=[skip]
+    )
+    got = [np.array(item) for item in loader]
+    served = [s for s in range(len(everything)) if not skip[0] <= s < skip[1]]
+    assert len(got) == len(served)
+    assert all(np.array_equal(got[k], everything[s]) for k, s in enumerate(served))
+
+
+@pytest.mark.parametrize("worker", [0, 1])
+def test_two_workers_split_at_a_later_epochs_middle_share_its_served_steps(
+    make_file: Callable[..., Path], worker: int
+) -> None:
+    # 10 steps an epoch; in epoch 1 (global steps 10..19) steps 13-14 and 17 are skipped; the
+    # split's origin is step 5 of epoch 1.
+    path = make_file(n=40, batch_size=4)
+    skips = [(13, 15), (17, 18)]
+    single = BatchNativeLoader(path, seed=4, skip_steps=skips)
+    single.seek(Position(1, 5))
+    served = [np.array(i) for i in single]
+    assert len(served) == 5 - 1  # steps 5, 6, 8, 9 of epoch 1
+    loader = BatchNativeLoader(path, seed=4, skip_steps=skips)
+    loader.seek(Position(1, 5))
+    loader.split_workers(worker, 2)
+    got = [np.array(i) for i in loader]
+    assert len(got) == 2
+    assert all(np.array_equal(a, b) for a, b in zip(got, served[worker::2], strict=True))

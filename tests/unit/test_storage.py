@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import records
+from zerobatch_core import BatchNativeLoader, write_batch_file
 from zerobatch_core.live.cadence import AdaptiveCadence, FixedCadence, make_cadence
 from zerobatch_core.stores.range_cache import RangeCache
 from zerobatch_core.stores.resolve import open_store
 from zerobatch_core.stores.store import (
     LocalStore,
+    ObjectNotFoundError,
     RetriesExhaustedError,
     RetryPolicy,
     is_url,
@@ -119,3 +122,25 @@ def test_the_range_cache_keeps_its_limit(tmp_path: Path) -> None:
     assert cache.get("s3://b/k", (0, 300)) is None  # evicted, least recently used first
     with pytest.raises(ValueError, match="cache_bytes"):
         RangeCache(tmp_path, -1)
+
+
+def test_a_directory_store_rooted_at_a_file_holds_no_objects(tmp_path: Path) -> None:
+    # A URL naming one file opens a store there first, to look for a live descriptor or a
+    # manifest below it: a key below a file is a missing object, as on object storage.
+    (tmp_path / "f.batch").write_bytes(b"x")
+    store = LocalStore(tmp_path / "f.batch")
+    assert not store.exists("live.json") and not store.exists("a/manifest.json")
+    with pytest.raises(ObjectNotFoundError, match="no such object"):
+        store.read("manifest.json")
+    with pytest.raises(ObjectNotFoundError):
+        store.read_ranges("manifest.json", [(0, 1)])
+
+
+def test_a_file_url_of_one_file_opens_it(tmp_path: Path) -> None:
+    write_batch_file(tmp_path / "f.batch", records(40, 8), 4, seed=1)
+    local = [item.copy() for item in BatchNativeLoader(tmp_path / "f.batch", seed=2)]
+    loader = BatchNativeLoader(f"file://{tmp_path / 'f.batch'}", seed=2)
+    remote = list(loader)
+    assert len(remote) == len(local) == 10
+    assert all((a == b).all() for a, b in zip(remote, local, strict=True))
+    loader.source.close()

@@ -262,10 +262,11 @@ class Store:
         for attempt in range(self.retry.attempts):
             try:
                 return fn()
-            except FileNotFoundError as e:
+            except (FileNotFoundError, NotADirectoryError) as e:
                 if isinstance(e, ZeroBatchError):
                     raise
-                # Named by the store and key; the client's text, scrubbed, says the rest.
+                # Named by the store and key; the client's text, scrubbed, says the rest. A
+                # key below a file (a directory store rooted at a file) is no object either.
                 detail = e.strerror if e.filename is not None and e.strerror else _short(e)
                 raise ObjectNotFoundError(
                     errno.ENOENT, f"no such object ({detail})", self.where(key)
