@@ -35,8 +35,8 @@ from zerobatch_core.live.producer import (
     LiveProducer,
     probe_conditional_create,
 )
-from zerobatch_core.live.producer import producer as producer_module
-from zerobatch_core.live.producer import source as live_source
+from zerobatch_core.live import producer as producer_module
+from zerobatch_core.live import source as live_source
 from zerobatch_core.live.retention import reclaim, record_watermark
 from zerobatch_core.live.source import LiveSource
 from zerobatch_core.stores.resolve import open_store
