@@ -28,6 +28,8 @@ from zerobatch_spec.live import (
 
 from tests.remote.live_worker import B, T, batch, identify
 from zerobatch_core import BatchNativeLoader, Position
+from zerobatch_core.live import producer as producer_module
+from zerobatch_core.live import source as live_source
 from zerobatch_core.live.cadence import Cadence
 from zerobatch_core.live.manifests import ChainError, LiveError, LiveTimeoutError, ManifestChain
 from zerobatch_core.live.producer import (
@@ -35,8 +37,6 @@ from zerobatch_core.live.producer import (
     LiveProducer,
     probe_conditional_create,
 )
-from zerobatch_core.live import producer as producer_module
-from zerobatch_core.live import source as live_source
 from zerobatch_core.live.retention import reclaim, record_watermark
 from zerobatch_core.live.source import LiveSource
 from zerobatch_core.stores.resolve import open_store
