@@ -755,8 +755,11 @@ def test_a_step_of_part_of_a_stored_batch_is_a_view_of_the_file(
     assert all(not item.flags.owndata for item in loader)  # no copy: rows of the mapped batch
 
 
+@pytest.mark.parametrize("context_rank", [0, 1])  # the first columns, and the last
 @pytest.mark.parametrize("next_token", [False, True])  # labels reach one token further
-def test_a_remote_context_rank_fetches_just_its_columns(tmp_path: Path, next_token: bool) -> None:
+def test_a_remote_context_rank_fetches_just_its_columns(
+    tmp_path: Path, next_token: bool, context_rank: int
+) -> None:
     # Planned fetches (RemoteSource.ahead) must be the regions read, or each is fetched twice.
     seq_len = 17 if next_token else 16  # 16 inputs' columns to split between the two ranks
     write_sharded_dataset(
@@ -764,7 +767,7 @@ def test_a_remote_context_rank_fetches_just_its_columns(tmp_path: Path, next_tok
     )
     loader = BatchNativeLoader(
         f"file://{tmp_path / 'ds'}",
-        context_rank=1,
+        context_rank=context_rank,
         context_size=2,
         verify="off",
         shuffle=False,
@@ -879,3 +882,28 @@ def test_two_workers_split_at_a_later_epochs_middle_share_its_served_steps(
     got = [np.array(i) for i in loader]
     assert len(got) == 2
     assert all(np.array_equal(a, b) for a, b in zip(got, served[worker::2], strict=True))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_int64_runs_over_a_shuffled_order_of_short_blocks_hold_the_batches_served(
+    make_file: Callable[..., Path], seed: int
+) -> None:
+    # Blocks of two batches: the stored indices of consecutive steps go up by one, then jump
+    # at random, so the int64 stage's runs must end wherever the spacing of their first two
+    # breaks (whatever the jump happens to equal).
+    path = make_file(n=400, batch_size=4)
+
+    def items(dtype: str) -> list[np.ndarray]:
+        loader = BatchNativeLoader(
+            path,
+            block_size=2,
+            dtype=dtype,  # type: ignore[arg-type]
+            seed=seed,
+            skip_steps=[(3, 4)],  # served steps come through the general walk
+        )
+        return [np.array(item, dtype=np.int64) for item in loader]
+
+    wide, narrow = items("int64"), items("uint32")
+    assert len(wide) == len(narrow) == 99
+    for a, b in zip(wide, narrow, strict=True):
+        np.testing.assert_array_equal(a, b)
