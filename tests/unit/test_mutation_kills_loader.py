@@ -339,6 +339,35 @@ def test_a_state_worker_must_be_below_the_worker_count(make_file: Callable[..., 
         loader.load_state_dict(state)
 
 
+def _int64_against_uint32(
+    path: Path,
+    *,
+    block_size: int,
+    seed: int | None = None,
+    skip_steps: list[tuple[int, int]] | None = None,
+    split: tuple[int, int] | None = None,
+) -> int:
+    """Assert the int64 items of a loader are its uint32 items widened; return how many."""
+
+    def items(dtype: str) -> list[np.ndarray]:
+        loader = BatchNativeLoader(
+            path,
+            block_size=block_size,
+            dtype=dtype,  # type: ignore[arg-type]
+            seed=seed,
+            skip_steps=skip_steps or [],
+        )
+        if split is not None:
+            loader.split_workers(*split)
+        return [np.array(item, dtype=np.int64) for item in loader]
+
+    wide, narrow = items("int64"), items("uint32")
+    assert len(wide) == len(narrow)
+    for a, b in zip(wide, narrow, strict=True):
+        np.testing.assert_array_equal(a, b)
+    return len(wide)
+
+
 @pytest.mark.parametrize("split", ["skip_steps", "workers"])
 def test_int64_items_of_a_strided_pass_are_the_uint32_items_widened(
     make_file: Callable[..., Path], split: str
@@ -346,18 +375,10 @@ def test_int64_items_of_a_strided_pass_are_the_uint32_items_widened(
     # Skipped steps or a worker split serve evenly spaced stored batches, which the int64
     # stage groups into runs; each run must hold exactly the batches served.
     path = make_file(n=80, batch_size=4)
-
-    def items(dtype: str) -> list[np.ndarray]:
-        skips = [(2, 4), (9, 10)] if split == "skip_steps" else []
-        loader = BatchNativeLoader(path, block_size=3, dtype=dtype, skip_steps=skips)  # type: ignore[arg-type]
-        if split == "workers":
-            loader.split_workers(1, 3)
-        return [np.array(item, dtype=np.int64) for item in loader]
-
-    wide, narrow = items("int64"), items("uint32")
-    assert len(wide) == len(narrow) > 2
-    for a, b in zip(wide, narrow, strict=True):
-        np.testing.assert_array_equal(a, b)
+    if split == "skip_steps":
+        assert _int64_against_uint32(path, block_size=3, skip_steps=[(2, 4), (9, 10)]) > 2
+    else:
+        assert _int64_against_uint32(path, block_size=3, split=(1, 3)) > 2
 
 
 def test_adjacent_skip_ranges_merge_into_one() -> None:
@@ -692,22 +713,10 @@ def test_int64_items_of_any_worker_split_are_the_uint32_items_widened(
     # Runs of the int64 stage hold stored batches evenly spaced by the spacing of their first
     # two; over many seeds and short blocks, gaps of every size follow each other.
     path = make_file(n=160, batch_size=4)
-
-    def items(dtype: str) -> list[np.ndarray]:
-        loader = BatchNativeLoader(
-            path,
-            block_size=2,
-            dtype=dtype,  # type: ignore[arg-type]
-            seed=seed,
-            skip_steps=[(5, 7)],
-        )
-        loader.split_workers(worker, workers)
-        return [np.array(item, dtype=np.int64) for item in loader]
-
-    wide, narrow = items("int64"), items("uint32")
-    assert len(wide) == len(narrow) > 10
-    for a, b in zip(wide, narrow, strict=True):
-        np.testing.assert_array_equal(a, b)
+    served = _int64_against_uint32(
+        path, block_size=2, seed=seed, skip_steps=[(5, 7)], split=(worker, workers)
+    )
+    assert served > 10
 
 
 @pytest.mark.parametrize("entry", ["ab", b"ab", "abc"])
@@ -755,8 +764,11 @@ def test_a_step_of_part_of_a_stored_batch_is_a_view_of_the_file(
     assert all(not item.flags.owndata for item in loader)  # no copy: rows of the mapped batch
 
 
+@pytest.mark.parametrize("context_rank", [0, 1])  # the first columns, and the last
 @pytest.mark.parametrize("next_token", [False, True])  # labels reach one token further
-def test_a_remote_context_rank_fetches_just_its_columns(tmp_path: Path, next_token: bool) -> None:
+def test_a_remote_context_rank_fetches_just_its_columns(
+    tmp_path: Path, next_token: bool, context_rank: int
+) -> None:
     # Planned fetches (RemoteSource.ahead) must be the regions read, or each is fetched twice.
     seq_len = 17 if next_token else 16  # 16 inputs' columns to split between the two ranks
     write_sharded_dataset(
@@ -764,7 +776,7 @@ def test_a_remote_context_rank_fetches_just_its_columns(tmp_path: Path, next_tok
     )
     loader = BatchNativeLoader(
         f"file://{tmp_path / 'ds'}",
-        context_rank=1,
+        context_rank=context_rank,
         context_size=2,
         verify="off",
         shuffle=False,
@@ -795,27 +807,6 @@ def test_a_file_has_one_identity_read_locally_or_from_a_store(
     assert remote.position == local.position == Position(0, 1)
     local.load_state_dict(remote.state_dict())
     remote.source.close()
-
-
-@pytest.mark.parametrize("worker", [0, 1, 2])
-def test_workers_split_at_a_later_epochs_middle_share_its_served_steps(
-    make_file: Callable[..., Path], worker: int
-) -> None:
-    # 20 steps an epoch; in epoch 1 (global steps 20..39) steps 1, 7-8 and 13 are skipped. The
-    # split's origin is step 5 of epoch 1: three workers deal out the served steps from there
-    # (a skipped step before the origin must not count).
-    path = make_file(n=80, batch_size=4)
-    skips = [(21, 22), (27, 29), (33, 34)]
-    single = BatchNativeLoader(path, seed=4, skip_steps=skips)
-    single.seek(Position(1, 5))
-    served = [np.array(i) for i in single]
-    assert len(served) == 15 - 3
-    loader = BatchNativeLoader(path, seed=4, skip_steps=skips)
-    loader.seek(Position(1, 5))
-    loader.split_workers(worker, 3)
-    got = [np.array(i) for i in loader]
-    assert len(got) == 4
-    assert all(np.array_equal(a, b) for a, b in zip(got, served[worker::3], strict=True))
 
 
 def test_a_negative_worker_is_refused(make_file: Callable[..., Path]) -> None:
@@ -861,21 +852,46 @@ def test_a_skip_far_past_the_restart_gap_serves_the_steps_after_it(
     assert all(np.array_equal(got[k], everything[s]) for k, s in enumerate(served))
 
 
-@pytest.mark.parametrize("worker", [0, 1])
-def test_two_workers_split_at_a_later_epochs_middle_share_its_served_steps(
-    make_file: Callable[..., Path], worker: int
+@pytest.mark.parametrize(
+    ("batches", "skips", "workers", "served"),
+    [
+        # 10 steps an epoch; epoch 1's steps 3-4 and 7 skipped: 5, 6, 8, 9 served from step 5.
+        (40, [(13, 15), (17, 18)], 2, 4),
+        # 20 steps an epoch; epoch 1's steps 1, 7-8 and 13 skipped (step 1 before the origin
+        # must not count): 12 served from step 5.
+        (80, [(21, 22), (27, 29), (33, 34)], 3, 12),
+    ],
+)
+def test_workers_split_at_a_later_epochs_middle_share_its_served_steps(
+    make_file: Callable[..., Path],
+    batches: int,
+    skips: list[tuple[int, int]],
+    workers: int,
+    served: int,
 ) -> None:
-    # 10 steps an epoch; in epoch 1 (global steps 10..19) steps 13-14 and 17 are skipped; the
-    # split's origin is step 5 of epoch 1.
-    path = make_file(n=40, batch_size=4)
-    skips = [(13, 15), (17, 18)]
+    # The split's origin is step 5 of epoch 1: the workers deal out the served steps from there.
+    path = make_file(n=batches, batch_size=4)
     single = BatchNativeLoader(path, seed=4, skip_steps=skips)
     single.seek(Position(1, 5))
-    served = [np.array(i) for i in single]
-    assert len(served) == 5 - 1  # steps 5, 6, 8, 9 of epoch 1
-    loader = BatchNativeLoader(path, seed=4, skip_steps=skips)
-    loader.seek(Position(1, 5))
-    loader.split_workers(worker, 2)
-    got = [np.array(i) for i in loader]
-    assert len(got) == 2
-    assert all(np.array_equal(a, b) for a, b in zip(got, served[worker::2], strict=True))
+    everything = [np.array(i) for i in single]
+    assert len(everything) == served
+    for worker in range(workers):
+        loader = BatchNativeLoader(path, seed=4, skip_steps=skips)
+        loader.seek(Position(1, 5))
+        loader.split_workers(worker, workers)
+        got = [np.array(i) for i in loader]
+        expected = everything[worker::workers]
+        assert len(got) == len(expected)
+        assert all(np.array_equal(x, y) for x, y in zip(got, expected, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_int64_runs_over_a_shuffled_order_of_short_blocks_hold_the_batches_served(
+    make_file: Callable[..., Path], seed: int
+) -> None:
+    # Blocks of two batches: the stored indices of consecutive steps go up by one, then jump
+    # at random, so the int64 stage's runs must end wherever the spacing of their first two
+    # breaks (whatever the jump happens to equal). The skipped step sends the served steps
+    # through the general walk.
+    path = make_file(n=400, batch_size=4)
+    assert _int64_against_uint32(path, block_size=2, seed=seed, skip_steps=[(3, 4)]) == 99
