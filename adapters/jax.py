@@ -58,9 +58,8 @@ import numpy as np
 from jax.sharding import Sharding
 
 from zerobatch_core import (
-    BatchFileReader,
+    BatchSource,
     BatchStream,
-    DatasetReader,
     Layout,
     Slicing,
     Source,
@@ -68,7 +67,6 @@ from zerobatch_core import (
     StreamOptions,
     resolve_rank_world,
 )
-from zerobatch_core.datasets.remote import RemoteSource
 
 from .jax_sharding import (
     CONTEXT_AXIS,
@@ -181,7 +179,7 @@ class JaxBatchIterator(BatchStream[Any]):
 
     def _slicing(
         self,
-        reader: BatchFileReader | DatasetReader | RemoteSource,
+        reader: BatchSource,
         layout: Layout,
         next_token: bool,
         global_batch_size: int | None,

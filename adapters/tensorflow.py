@@ -62,7 +62,6 @@ from zerobatch_core import (
     StreamOptions,
     int_arg,
 )
-from zerobatch_core.datasets.remote import RemoteSource
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -196,7 +195,7 @@ class TFBatchDataset(BatchStream[Any]):
         if not finish_open_pass:
             position = loader.next_pass(position)
         source = loader.source
-        assert not isinstance(source, RemoteSource)  # _native: local sources only
+        assert isinstance(source, (BatchFileReader, DatasetReader))  # _native: local files
         first_epoch, first_step = position
         n, batch_size, seq_len = source.num_batches, source.batch_size, source.seq_len
         rows, order, bos = loader.rows, loader.order, loader.bos_id

@@ -36,7 +36,6 @@ import torch
 from zerobatch_core import (
     BatchFileReader,
     BatchNativeLoader,
-    DatasetReader,
     ZeroBatchIOError,
     int_arg,
 )
@@ -148,7 +147,7 @@ def ship(loader: BatchNativeLoader, items: Iterator[Any], pair: type[Any]) -> It
     lo, hi = loader.columns[0]
     columns = {"tokens": (lo, hi), "inputs": (lo, hi), "labels": (lo + 1, hi + 1)}
     whole = loader.global_batch_size == source.batch_size and len(loader.columns) == 1
-    whole = whole and isinstance(source, (BatchFileReader, DatasetReader))  # remote: as bytes
+    whole = whole and not source.fetches  # fetched slots travel as bytes
     order: tuple[int, Any] = (-1, None)
     position = loader.after(loader.position, 0)  # the first item's step; then the cursor's
     for item in items:
@@ -157,12 +156,7 @@ def ship(loader: BatchNativeLoader, items: Iterator[Any], pair: type[Any]) -> It
         if whole:
             if order[0] != epoch:
                 order = (epoch, loader.epoch_order(epoch))
-            index = int(order[1][step])
-            if isinstance(source, DatasetReader):
-                shard, local = source.locate(index)
-                slot = source.shard(shard), local
-            elif isinstance(source, BatchFileReader):
-                slot = source, index
+            slot = source.slot_file(int(order[1][step]))
 
         def mark(key: str, tensor: torch.Tensor, slot: Any = slot) -> torch.Tensor:
             if slot is None or key not in columns:

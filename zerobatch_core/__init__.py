@@ -28,6 +28,7 @@ from .delivery.documents import DocumentLayout, document_layout
 from .delivery.loader import DEFAULT_BLOCK_SIZE, BatchNativeLoader, Item, OutputDType, Position
 from .delivery.provenance import StepTrace, trace_step
 from .delivery.slicing import Slicing
+from .delivery.sources import BatchSource
 from .delivery.stream import (
     DEFAULT_DTYPE,
     DEFAULT_PREFETCH,
@@ -63,6 +64,7 @@ __all__ = [
     "DEFAULT_PREFETCH",
     "BatchFileReader",
     "BatchNativeLoader",
+    "BatchSource",
     "BatchStream",
     "ByteTokenizer",
     "ConvertSummary",

@@ -42,10 +42,13 @@ def _jax(path: Path, **kw: Any) -> Any:
     import jax
     from zerobatch_adapters.jax import JaxBatchIterator, default_sharding
 
-    from zerobatch_core import BatchFileReader
+    from zerobatch_core import BatchFileReader, BatchSource
 
-    with BatchFileReader(path) as reader:
-        rows = reader.batch_size // kw.get("world_size", 1)
+    if isinstance(path, BatchSource):  # a source built outside ZeroBatch
+        rows = path.batch_size // kw.get("world_size", 1)
+    else:
+        with BatchFileReader(path) as reader:
+            rows = reader.batch_size // kw.get("world_size", 1)
     devices = jax.devices()
     sharding = default_sharding(devices[: math.gcd(len(devices), rows)])
     return JaxBatchIterator(path, sharding=sharding, **kw)

@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 
 from tests.adapters.contract_adapters import ADAPTERS, adapter_class, make
-from tests.helpers import records, require
+from tests.helpers import ArraySource, records, require
 from zerobatch_core import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_DTYPE,
     DEFAULT_PREFETCH,
+    BatchFileReader,
     BatchNativeLoader,
     BatchStream,
     StateError,
@@ -332,3 +333,20 @@ def test_bad_arguments_say_what_is_wrong(name: str, path: Path) -> None:
 
 def test_every_adapter_is_a_batch_stream(name: str) -> None:
     assert issubclass(adapter_class(name), BatchStream)
+
+
+@pytest.mark.parametrize("fetches", [False, True])
+def test_a_source_built_outside_zerobatch_is_served_as_the_file(
+    name: str, path: Path, fetches: bool
+) -> None:
+    """Adapters depend on the ``BatchSource`` protocol: an in-memory source holding the file's
+    slots is served exactly as the file, with next-token pairs and a rank's rows."""
+    with BatchFileReader(path) as reader:
+        slots = np.array(reader.read_batches(0, reader.num_batches))
+        seed = reader.seed
+    options = {"next_token": True, "rank": 1, "world_size": 2, **ORDER}
+    source = ArraySource(slots, seed, views=not fetches, fetches=fetches)
+    with make(name, source, **options) as data:
+        got = [host(item) for _ in range(2) for item in data]
+    assert_items(got, core(path, 2, **options))
+    assert not source.closed  # the caller's source: the adapter leaves it open

@@ -22,7 +22,13 @@ from zerobatch_spec import HEADER_SIZE, padded_batch_bytes
 from tests.helpers import records, require
 from tests.remote.conftest import upload
 from tests.s3server import S3Proxy, S3Server, environment
-from zerobatch_core import BatchNativeLoader, DatasetError, DatasetReader, write_batch_file
+from zerobatch_core import (
+    BatchFileReader,
+    BatchNativeLoader,
+    DatasetError,
+    DatasetReader,
+    write_batch_file,
+)
 from zerobatch_core.datasets.build import write_sharded_dataset
 from zerobatch_core.datasets.remote import MAX_AHEAD, REMOTE_VERIFY_MODES, RemoteSource
 from zerobatch_core.errors import FormatError, MissingDependencyError
@@ -818,8 +824,8 @@ def test_a_shard_replaced_by_one_of_the_same_shape_is_never_served(
 def test_a_remote_source_names_its_kind_and_identity(
     tmp_path: Path, remote_ds: tuple[Path, str], bucket: str
 ) -> None:
-    """A dataset's identity is its manifest's, as the local reader gives it; a single file
-    has none of its own (the loader computes it)."""
+    """A dataset's identity is its manifest's, as the local reader gives it; a single file's
+    is the local file's fingerprint (the same file read locally or remotely is one source)."""
     local, url = remote_ds
     path = tmp_path / "f.batch"
     write_batch_file(path, records(2 * RB, RT), RB, seed=4)
@@ -829,8 +835,9 @@ def test_a_remote_source_names_its_kind_and_identity(
         assert source.identity() == reader.identity()
     with RemoteSource(f"s3://{bucket}/files/f.batch") as single:
         assert not single.is_dataset and ", file," in repr(single)
-        with pytest.raises(TypeError):
-            single.identity()
+        with BatchFileReader(path) as local_file:
+            assert single.identity() == local_file.identity()
+        assert set(single.identity()) == {"file"}
 
 
 @pytest.mark.parametrize(("served", "later"), [(1, 1), (2, 600)])

@@ -92,9 +92,9 @@ def test_every_block_is_read_ahead_and_size_checked_before_it_is_served(
         events.append(("ahead", start, stop))
         read_ahead(start, stop)
 
-    def spy_check_size() -> None:
+    def spy_check_size(index: int = 0) -> None:
         events.append(("check",))
-        check_size()
+        check_size(index)
 
     monkeypatch.setattr(reader, "read_ahead", spy_read_ahead)
     monkeypatch.setattr(reader, "check_size", spy_check_size)

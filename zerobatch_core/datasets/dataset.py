@@ -42,7 +42,7 @@ from zerobatch_spec.dataset import (
 
 from ..closing import Closing
 from ..errors import ZeroBatchError
-from ..files.reader import BatchFileReader
+from ..files.reader import BatchFileReader, LocalSlots
 from ..order import ShardedBlockOrder, sharded_order
 from ..stores.regular_files import read_regular_file
 
@@ -115,7 +115,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> tuple[Manifest, bytes]:
     return parsed, data
 
 
-class DatasetReader(Closing):
+class DatasetReader(LocalSlots, Closing):
     """A dataset directory's slots, read through lazily opened, manifest-checked shards.
 
     The surface matches ``BatchFileReader`` where the loader needs it (``batch_size``,
@@ -206,6 +206,11 @@ class DatasetReader(Closing):
     def shard_path(self, shard: int) -> str:
         """The file of shard number ``shard``."""
         return os.path.join(self.path, self.manifest.shards[shard].name)
+
+    def slot_file(self, index: int) -> tuple[BatchFileReader, int]:
+        """``(shard reader, slot in it)`` of dataset slot ``index`` (opened, not checksummed)."""
+        shard, local = self.locate(index)
+        return self.shard(shard), local
 
     def _fail(self, shard: int, code: DatasetCode, detail: str) -> DatasetError:
         entry = self.manifest.shards[shard]

@@ -77,6 +77,7 @@ from zerobatch_spec.dataset import (
 
 from ..closing import Closing
 from ..errors import FormatError
+from ..files.reader import file_identity
 from ..order import BlockOrder, Order, sharded_order
 from ..redaction import redact
 from ..stores.range_cache import RangeCache
@@ -277,10 +278,12 @@ class RemoteSource(Closing):
         return sharded_order(self.manifest.shard_batches, block_size, seed, shuffle)
 
     def identity(self) -> dict[str, Any]:
-        """A dataset's identity in loader states: its manifest's digest, as ``DatasetReader``
-        gives it, so a state saved on a local copy loads here and the other way round."""
+        """The identity a local copy has in loader states, so a state saved on a local copy
+        loads here and the other way round: a dataset's manifest digest, as ``DatasetReader``
+        gives it, or a file's fingerprint (``files.reader.file_identity``)."""
         if self.manifest is None:
-            raise TypeError("a single file's identity is computed by the loader")
+            assert self.header is not None  # a file: opening read its header
+            return file_identity(self.header, self.read_batch)
         return {"dataset": self.manifest_sha256}
 
     def locate(self, index: int) -> tuple[int, int]:
@@ -294,7 +297,18 @@ class RemoteSource(Closing):
         """Called for a slot outside the known objects: raise (a live source waits instead)."""
         raise IndexError(f"{self.path}: slot {index} out of range for {self.num_batches}")
 
-    # -- the loader's surface ----------------------------------------------------------------
+    # -- the loader's surface (``delivery.sources.BatchSource``) ----------------------------
+    fetches = True
+    """Reads are fetches: the loader converts on its own thread and announces regions ahead."""
+
+    def view_batches(self, start: int, stop: int) -> None:
+        """``None``: slots are fetched, never views of a mapping."""
+        return None
+
+    def slot_file(self, index: int) -> None:
+        """``None``: no local file holds the slots."""
+        return None
+
     def read_ahead(self, start: int, stop: int) -> None:
         """Nothing: a remote source fetches the regions the loader announces (``ahead``)."""
 
@@ -317,13 +331,22 @@ class RemoteSource(Closing):
         self.bytes_read += out.nbytes
         return out
 
-    def ahead(self, steps: Iterator[S], regions: Callable[[S], Sequence[Region]]) -> Iterator[S]:
+    def ahead(
+        self,
+        steps: Iterator[S],
+        regions: Callable[[S], Sequence[Region]],
+        *,
+        whole_rows: bool | None = None,
+    ) -> Iterator[S]:
         """``steps`` unchanged, each step's ``regions`` fetched in the background first, up to
         ``prefetch_bytes`` ahead of the one the caller is at (at least one step ahead).
 
         Regions of slots that cannot be fetched yet (a live dataset's uncommitted batches) are
-        scheduled as soon as they can, in order.
+        scheduled as soon as they can, in order. ``whole_rows``, if given, sets the attribute
+        of that name: whether the caller reads every row of each slot it touches, in order.
         """
+        if whole_rows is not None:
+            self.whole_rows = whole_rows
         queue: deque[tuple[S, int]] = deque()
         unscheduled: deque[Region] = deque()
         scheduled: list[Region] = []

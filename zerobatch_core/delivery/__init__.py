@@ -14,12 +14,13 @@ datasets and live sources offer theirs.
 from .loader import DEFAULT_BLOCK_SIZE, BatchNativeLoader, Item, OutputDType, Position
 from .provenance import StepTrace, trace_step
 from .slicing import Slicing
-from .sources import open_reader
+from .sources import BatchSource, open_reader
 from .stream import BatchStream, StreamOptions
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "BatchNativeLoader",
+    "BatchSource",
     "BatchStream",
     "Item",
     "OutputDType",

@@ -30,19 +30,17 @@ from typing import Any, Literal, NamedTuple, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
-from zerobatch_spec import TOKEN_BYTES, U32_MAX, U64_MAX, build_header
+from zerobatch_spec import TOKEN_BYTES, U32_MAX, U64_MAX
 
 from ..arguments import int_arg
-from ..datasets.dataset import DatasetReader, Verify
-from ..datasets.remote import Region, RemoteSource, RemoteVerify
+from ..datasets.dataset import Verify
+from ..datasets.remote import RemoteVerify
 from ..errors import StateError
-from ..files.reader import BatchFileReader
-from ..order import BlockOrder, Order
+from ..order import Order
 from .buffers import BufferPool, ChunkStage, convert_into
 from .documents import document_layout
 from .slicing import Slicing
-from .sources import open_reader
+from .sources import BatchSource, Region, open_reader
 
 OutputDType = Literal["uint32", "int32", "int64"]
 LabelDType = Literal["int64", "uint32"]
@@ -54,9 +52,6 @@ Item = Any  # one batch array, an (inputs, labels) pair of arrays, or a dict of 
 DEFAULT_BLOCK_SIZE = 256
 ORDER_KEYS = ("seed", "block_size", "shuffle", "num_batches", "batch_size", "seq_len", "file_seed")
 """State keys that must equal the loader's own for a state to load (``SPEC.md`` section 9)."""
-FINGERPRINT_SLOTS = 16
-"""Slots sampled (their first tokens) for a file's identity in a loader state."""
-FINGERPRINT_TOKENS = 1024
 CHUNK_STEPS = 8
 """Consecutive steps the int64 stage converts with one copy (``[8, 32, 512]``: 1 MiB of int64,
 which stays in the caches; 64 steps per chunk measured 0.87x and 256 steps 0.66x of 8)."""
@@ -66,7 +61,7 @@ CHUNK_SPARE = 4
 """Chunk buffers pooled beyond ``CHUNK_DEPTH``: the one being filled, the caller's current
 chunk, and chunks whose last items a caller or a device stage still holds."""
 
-Source = BatchFileReader | DatasetReader | RemoteSource
+Source = BatchSource
 Piece = tuple[int, int, int]  # stored batch index, first row, end row
 
 
@@ -114,28 +109,10 @@ def normalize_skips(skip_steps: Iterable[Sequence[int]]) -> tuple[tuple[int, int
 
 
 def source_identity(source: Source) -> dict[str, Any]:
-    """What a state records about its source, so that it loads into that source only.
-
-    A dataset: its manifest's digest. A file: its size, its header's XXH3-64 and the XXH3-64 of
-    the first tokens of ``FINGERPRINT_SLOTS`` evenly spaced slots (a few pages, read once).
-    """
-    if isinstance(source, DatasetReader) or (
-        isinstance(source, RemoteSource) and source.header is None
-    ):
-        return source.identity()
-    h, n = source.header, source.num_batches
-    assert h is not None  # a file (datasets returned above)
-    sample = xxhash.xxh3_64()
-    for i in sorted({i * n // FINGERPRINT_SLOTS for i in range(FINGERPRINT_SLOTS)} if n else ()):
-        first = source.read_batch(i).reshape(-1)[:FINGERPRINT_TOKENS]
-        sample.update(np.ascontiguousarray(first).tobytes())
-    return {
-        "file": {
-            "size": h.file_size,
-            "header_xxh3": f"{xxhash.xxh3_64_intdigest(build_header(h)):016x}",
-            "sample_xxh3": sample.hexdigest(),
-        }
-    }
+    """What a state records about its source, so that it loads into that source only: its
+    ``identity()`` (a dataset's manifest digest; a file's size, header digest and a sample of
+    ``FINGERPRINT_SLOTS`` slots, ``files.reader.file_identity``)."""
+    return source.identity()
 
 
 class BatchNativeLoader:
@@ -226,12 +203,8 @@ class BatchNativeLoader:
         if slicing is None:
             slicing = Slicing(rank, world_size, context_rank, context_size, 1, bool(zigzag))
         self.skip_steps = normalize_skips(skip_steps)
-        opened = not isinstance(path, (BatchFileReader, DatasetReader, RemoteSource))
-        source = (
-            path
-            if isinstance(path, (BatchFileReader, DatasetReader, RemoteSource))
-            else open_reader(path, verify=verify)
-        )
+        opened = not isinstance(path, BatchSource)
+        source = path if isinstance(path, BatchSource) else open_reader(path, verify=verify)
         self.source = self.reader = source
         try:
             if next_token and source.seq_len < 2:
@@ -258,11 +231,7 @@ class BatchNativeLoader:
         self.block_size = block_size
         self.shuffle = bool(shuffle)
         self.seed = source.seed if seed is None else seed
-        self.order: Order = (
-            source.order(block_size, self.seed, self.shuffle)
-            if isinstance(source, (DatasetReader, RemoteSource))
-            else BlockOrder(source.num_batches, block_size, self.seed, self.shuffle)
-        )
+        self.order: Order = source.order(block_size, self.seed, self.shuffle)
         self._epoch, self._step = epoch, 0
         self._stride, self._phase, self._origin = 1, 0, Position(epoch, 0)
         self._serial = 0  # bumped by every new pass: an older pass still running ends
@@ -292,7 +261,7 @@ class BatchNativeLoader:
         # Simple steps that convert are made by a ChunkStage: the converted columns of a step's
         # rows, i.e. its region plus the labels' extra token, or the labels alone for views.
         self._chunked = self._simple and (self.dtype == "int64" or wide_labels)
-        if isinstance(self.source, RemoteSource):  # fetches dominate: convert on the caller
+        if self.source.fetches:  # fetches dominate: convert on the caller
             self._chunked = False
         lo, hi = self.columns[0]
         extra = 1 if wide_labels else 0
@@ -513,10 +482,7 @@ class BatchNativeLoader:
 
     def _check_size(self, index: int) -> None:
         """Raise if the file holding stored batch ``index`` shrank since it was opened."""
-        if isinstance(self.source, DatasetReader):
-            self.source.check_size(index)
-        else:
-            self.source.check_size()
+        self.source.check_size(index)
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Item]:
@@ -632,8 +598,9 @@ class BatchNativeLoader:
         regions: list[U32Batch] | None = None
         # The chunk buffer is taken once its slots have been read (a dataset's shards opened
         # and checked): its size comes from the manifest's shape until then.
-        if isinstance(source, BatchFileReader):  # one strided view of the mapping, one copy
-            block = source.read_batches(first, first + gap * (k - 1) + 1)[::gap, rows]
+        view = source.view_batches(first, first + gap * (k - 1) + 1)
+        if view is not None:  # one strided view of the mapping, one copy
+            block = view[::gap, rows]
             chunk = self._pool().take()[:k]
             np.copyto(chunk, block[:, :, c0:c1], casting="safe")
             narrow = self.next_token and self._labels_pool is None
@@ -749,13 +716,14 @@ class BatchNativeLoader:
     def _all_views(self) -> npt.NDArray[Any] | None:
         """Every batch's rows as one ``[num_batches, rows, seq_len]`` view, when items are plain
         views of a single file's batches."""
-        if not isinstance(self.source, BatchFileReader) or not self._simple:
+        if not self._simple or self.bos_id is not None or self.next_token or self.source.fetches:
             return None
-        if self.bos_id is not None or self.next_token or self.dtype == "int64":
+        if self.dtype == "int64" or self.columns != [(0, self.source.seq_len)]:
             return None
-        if self.columns != [(0, self.source.seq_len)]:
+        every = self.source.view_batches(0, self.source.num_batches)
+        if every is None:
             return None
-        every = self.source.read_batches(0, self.source.num_batches)[:, self.rows]
+        every = every[:, self.rows]
         return every.view(np.int32) if self.dtype == "int32" else every
 
     def _regions(self, pieces: list[Piece]) -> list[U32Batch]:
@@ -771,29 +739,23 @@ class BatchNativeLoader:
     def _read_region(self, index: int, r0: int, r1: int, lo: int, hi: int) -> U32Batch:
         """Rows ``r0..r1``, columns ``lo..hi`` of stored batch ``index``: a view of a local
         source's batch; a remote source fetches just those bytes (``remote.py``)."""
-        if isinstance(self.source, RemoteSource):
-            return self.source.read_region(index, r0, r1, lo, hi)
-        return self.source.read_batch(index)[r0:r1, lo:hi]
+        return self.source.read_region(index, r0, r1, lo, hi)
 
     def _ahead(self, steps: Iterator[tuple[list[Piece], int]]) -> Iterator[tuple[list[Piece], int]]:
-        """The steps as they come; a remote source is handed each step's regions first, so it
-        fetches them ahead of the loop (``RemoteSource.ahead``)."""
-        if not isinstance(self.source, RemoteSource):
-            return steps
+        """The steps as they come, each step's regions announced to the source first, so a
+        source that fetches (``RemoteSource.ahead``) fetches them ahead of the loop."""
         # A single rank with steps smaller than a slot reads every row of each slot over
         # consecutive steps: the source fetches (and checks) the slot once, whole. A worker
         # serving only some of the steps reads only their rows (as a worker process's reopened
         # source does): fetching whole slots would multiply its bytes.
-        self.source.whole_rows = (
-            self.slicing.dp_size == 1 and self.slicing.whole_rows and self._stride == 1
-        )
+        whole_rows = self.slicing.dp_size == 1 and self.slicing.whole_rows and self._stride == 1
         extra = 1 if self.next_token else 0
 
         def regions(step: tuple[list[Piece], int]) -> list[Region]:
             pieces = step[0]
             return [(i, r0, r1, lo, hi + extra) for lo, hi in self.columns for i, r0, r1 in pieces]
 
-        return self.source.ahead(steps, regions)
+        return self.source.ahead(steps, regions, whole_rows=whole_rows)
 
     def _item(self, pieces: list[Piece]) -> Item:
         regions = self._regions(pieces)

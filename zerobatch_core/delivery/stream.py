@@ -37,16 +37,15 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, NamedTuple, TypedDict, TypeVar
+from typing import Any, ClassVar, Generic, Literal, NamedTuple, TypedDict, TypeVar
 
 import numpy.typing as npt
 
 from ..arguments import int_arg
 from ..closing import Closing
-from ..datasets.dataset import DatasetReader, Verify
-from ..datasets.remote import RemoteSource, RemoteVerify
+from ..datasets.dataset import Verify
+from ..datasets.remote import RemoteVerify
 from ..errors import StateError
-from ..files.reader import BatchFileReader
 from .buffers import stop_at_exit
 from .distributed import resolve_rank_world
 from .loader import (
@@ -59,10 +58,7 @@ from .loader import (
     Position,
 )
 from .slicing import Slicing
-from .sources import READER_TYPES, open_reader
-
-if TYPE_CHECKING:
-    pass
+from .sources import BatchSource, open_reader
 
 T = TypeVar("T")
 Array = npt.NDArray[Any]
@@ -78,7 +74,8 @@ DEFAULT_PREFETCH = 2
 LAYOUT_KEYS = ("segment_ids", "positions", "cu_seqlens")
 """Document-layout fields of a ``bos_id`` item, after its tokens (or inputs and labels)."""
 
-Source = str | os.PathLike[str] | BatchFileReader | DatasetReader | RemoteSource
+Source = str | os.PathLike[str] | BatchSource
+"""What a stream (and ``BatchNativeLoader``) serves from: a path or URL, or an open reader."""
 
 
 class Layout(NamedTuple):
@@ -172,7 +169,7 @@ class BatchStream(Closing, Generic[T]):
                 f"{type(self).__name__}, got {dtype!r}"
             )
         self.prefetch = int_arg("prefetch", prefetch, 0)
-        reader = source if isinstance(source, READER_TYPES) else open_reader(source, verify=verify)
+        reader = source if isinstance(source, BatchSource) else open_reader(source, verify=verify)
         self._owns_reader = reader is not source
         try:
             layout = Layout(rank, world_size, context_rank, context_size, bool(zigzag))
@@ -237,7 +234,7 @@ class BatchStream(Closing, Generic[T]):
 
     def _slicing(
         self,
-        reader: BatchFileReader | DatasetReader | RemoteSource,
+        reader: BatchSource,
         layout: Layout,
         next_token: bool,
         global_batch_size: int | None,

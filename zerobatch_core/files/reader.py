@@ -10,20 +10,25 @@ import operator
 import os
 import stat
 import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 from zerobatch_spec import (
     HEADER_SIZE,
     TOKEN_DTYPE,
     ErrorCode,
     Header,
     Violation,
+    build_header,
     check_header,
 )
 
 from ..closing import Closing
 from ..errors import FormatError, ZeroBatchError, ZeroBatchIOError
+from ..order import BlockOrder
 from .pages import Readahead
 
 _SIGNED_TOKEN_DTYPE = np.dtype(np.int32).newbyteorder(TOKEN_DTYPE.byteorder)
@@ -32,9 +37,67 @@ _SIGNED_TOKEN_DTYPE = np.dtype(np.int32).newbyteorder(TOKEN_DTYPE.byteorder)
 U32Array = npt.NDArray[np.uint32]
 I32Array = npt.NDArray[np.int32]
 I64Array = npt.NDArray[np.int64]
+S = TypeVar("S")
+
+FINGERPRINT_SLOTS = 16
+"""Slots sampled (their first tokens) for a file's identity in a loader state."""
+FINGERPRINT_TOKENS = 1024
+"""Tokens of each sampled slot that enter a file's identity."""
 
 
-class BatchFileReader(Closing):
+def file_identity(header: Header, read_batch: Callable[[int], U32Array]) -> dict[str, Any]:
+    """What a loader state records about a single file, so that it loads into that file only.
+
+    Its size, its header's XXH3-64 and the XXH3-64 of the first ``FINGERPRINT_TOKENS`` tokens
+    of ``FINGERPRINT_SLOTS`` evenly spaced slots (a few pages, read once). A local copy and a
+    remote copy of one file (``read_batch`` of either) have the same identity.
+    """
+    n = header.num_batches
+    sample = xxhash.xxh3_64()
+    for i in sorted({i * n // FINGERPRINT_SLOTS for i in range(FINGERPRINT_SLOTS)} if n else ()):
+        first = read_batch(i).reshape(-1)[:FINGERPRINT_TOKENS]
+        sample.update(np.ascontiguousarray(first).tobytes())
+    return {
+        "file": {
+            "size": header.file_size,
+            "header_xxh3": f"{xxhash.xxh3_64_intdigest(build_header(header)):016x}",
+            "sample_xxh3": sample.hexdigest(),
+        }
+    }
+
+
+class LocalSlots:
+    """The part of the loader's surface (``delivery.sources.BatchSource``) that every reader of
+    local, memory-mapped files shares: slots are views of a mapping, never fetched."""
+
+    fetches = False
+    """Reads are page faults on a mapping, not fetches: conversions run in the background."""
+
+    def read_batch(self, index: int) -> U32Array:
+        raise NotImplementedError
+
+    def read_region(self, index: int, r0: int, r1: int, lo: int, hi: int) -> U32Array:
+        """Rows ``r0..r1``, columns ``lo..hi`` of slot ``index``: a view of its mapping."""
+        return self.read_batch(index)[r0:r1, lo:hi]
+
+    def view_batches(self, start: int, stop: int) -> U32Array | None:
+        """Slots ``start..stop`` as one ``[n, batch_size, seq_len]`` view, where one mapping
+        holds them all; ``None`` where they lie in several (the caller reads slot by slot)."""
+        return None
+
+    def ahead(
+        self,
+        steps: Iterator[S],
+        regions: Callable[[S], Sequence[tuple[int, int, int, int, int]]],
+        *,
+        whole_rows: bool = False,
+    ) -> Iterator[S]:
+        """``steps`` unchanged: mapped files need no regions announced (``read_ahead`` has
+        blocks paged in instead)."""
+        return steps
+
+
+class BatchFileReader(LocalSlots, Closing):
     """Open an LLMBATCH file, validate it (rules 1-8 of ``SPEC.md``) and serve zero-copy batches.
 
     Validation happens before the file is mapped, so a truncated or oversized file is rejected
@@ -222,8 +285,9 @@ class BatchFileReader(Closing):
             raise ValueError(f"{self.path}: reader is closed")
         return self._padding[start:stop]
 
-    def check_size(self) -> None:
-        """Raise ``FormatError`` (``size_mismatch``) if the file no longer has its validated size.
+    def check_size(self, index: int = 0) -> None:
+        """Raise ``FormatError`` (``size_mismatch``) if the file no longer has its validated size
+        (``index``, the slot about to be read, names the file in a dataset; one file here).
 
         Costs one ``fstat`` of the open descriptor. A file truncated while it is mapped turns
         every touch of a lost page into SIGBUS; callers that iterate for a long time (the
@@ -258,6 +322,23 @@ class BatchFileReader(Closing):
         start = max(start, 0)
         length = (min(stop, self.header.num_batches) - start) * pb
         self._readahead.request(HEADER_SIZE + start * pb, length)
+
+    # -- the loader's surface (``delivery.sources.BatchSource``) --------------------------
+    def view_batches(self, start: int, stop: int) -> U32Array:
+        """``read_batches``: one mapping holds every batch, so a run of them is one view."""
+        return self.read_batches(start, stop)
+
+    def order(self, block_size: int, seed: int, shuffle: bool) -> BlockOrder:
+        """The file's serving order (``SPEC.md`` section 8) with these parameters."""
+        return BlockOrder(self.num_batches, block_size, seed, shuffle)
+
+    def identity(self) -> dict[str, Any]:
+        """What a loader state records to refuse another file (``file_identity``)."""
+        return file_identity(self.header, self.read_batch)
+
+    def slot_file(self, index: int) -> tuple[BatchFileReader, int]:
+        """``(self, index)``: the mapped file holding batch ``index``, and its slot there."""
+        return self, self._index(index) % self.num_batches
 
     # -- lifetime ------------------------------------------------------------------------
     @property
