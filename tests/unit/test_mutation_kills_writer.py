@@ -556,7 +556,8 @@ def test_a_failed_stream_drops_the_io_not_yet_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Two blocks placed directly (10 of a 40-record stage): the first one's write is slow, the
-    # second's is queued behind it when the stream fails, and is cancelled, never written.
+    # second's is queued behind it when the stream fails, and is skipped, never written (the
+    # first runs to its end if the I/O thread had started it, else it is skipped too).
     written: list[int] = []
     write_pieces = writer_module._WindowedOutput._write_pieces
 
@@ -574,7 +575,7 @@ def test_a_failed_stream_drops_the_io_not_yet_started(
     monkeypatch.setattr(writer_module._WindowedOutput, "_write_pieces", slow)
     with pytest.raises(RuntimeError, match="the source failed"):
         write_batch_dataset(tmp_path / "x.batch", failing(), 40, 4, 4, seed=3)
-    assert written == [10]
+    assert written in ([], [10])
     assert os.listdir(tmp_path) == []
 
 

@@ -46,12 +46,12 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import queue
 import secrets
 import stat
 import sys
-from collections import deque
+import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
@@ -783,6 +783,71 @@ class _AheadPermutation:
         return self.values[first - self.first : end - self.first]
 
 
+class _IOThread:
+    """One thread that runs file writes in submission order, at most ``depth`` in flight.
+
+    Work and results travel through ``queue.SimpleQueue``s, whose ``put`` and ``get`` run in C
+    and are never split by a signal handler. A ``ThreadPoolExecutor`` would hand work over
+    through Python-level locks (its semaphore's and each ``Future``'s condition): a Ctrl-C that
+    raises ``KeyboardInterrupt`` in the main thread just after one of them is acquired leaves it
+    held for ever, the I/O thread blocks on it, and so does the writer's wait for that thread.
+    Here an interrupt can only land between two whole hand-overs.
+    """
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.in_flight = 0
+        self.stopping = False  # set by ``close`` after an error: queued jobs are skipped
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., None], tuple[object, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="zerobatch-writer")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            if self.stopping:
+                self._done.put(None)
+                continue
+            try:
+                job[0](*job[1])
+            except BaseException as error:  # handed to the writer's thread, which re-raises
+                self._done.put(error)
+            else:
+                self._done.put(None)
+
+    def submit(self, fn: Callable[..., None], *args: object) -> None:
+        """Queue ``fn(*args)``, first waiting while ``depth`` jobs are in flight."""
+        self.wait(self.depth - 1)
+        self._jobs.put((fn, args))
+        self.in_flight += 1
+
+    def wait(self, keep: int = 0) -> None:
+        """Wait until at most ``keep`` jobs are in flight; re-raise the first error of those
+        finished."""
+        while self.in_flight > keep:
+            error = self._done.get()
+            self.in_flight -= 1
+            if error is not None:
+                raise error
+
+    def close(self) -> None:
+        """Skip queued jobs, let the running one finish and end the thread (also after an error
+        or an interrupt: the files must not be closed under it). A Ctrl-C meanwhile is held back
+        until the thread has ended, then raised."""
+        self.stopping = True
+        self._jobs.put(None)
+        interrupted = False
+        while self._thread.is_alive():
+            try:
+                self._thread.join()
+            except KeyboardInterrupt:
+                interrupted = True
+        if interrupted:
+            raise KeyboardInterrupt
+
+
 class _WindowedOutput:
     """Places a stream of records at their permuted positions with large writes only.
 
@@ -822,20 +887,14 @@ class _WindowedOutput:
         # Input record -> output position (phase 1), output position -> input record (phase 2).
         self.positions = _AheadPermutation(unpermute_array, header, header.total_records)
         self.sources = _AheadPermutation(permute_array, header, self.kept)
-        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerobatch-writer")
-        self.pending: deque[Future[None]] = deque()
+        self.io = _IOThread(depth=2)  # two jobs in flight bound the memory; errors re-raised
 
     def close(self) -> None:
         """Wait for the I/O thread (also after an error: the file must not close under it)."""
-        for job in self.pending:
-            job.cancel()
-        self.io.shutdown(wait=True)
-        self.pending.clear()
+        self.io.close()
 
     def _submit(self, fn: Callable[..., None], *args: object) -> None:
-        while len(self.pending) >= 2:
-            self.pending.popleft().result()  # bounds memory in flight; re-raises I/O errors
-        self.pending.append(self.io.submit(fn, *args))
+        self.io.submit(fn, *args)
 
     def add(self, rows: npt.NDArray[np.uint32]) -> None:
         """Take the next input records, in stream order."""
@@ -892,8 +951,7 @@ class _WindowedOutput:
     def finish(self) -> None:
         """Put every window's records in their slots and write the windows to the output."""
         self._flush()
-        while self.pending:  # every packed record must be written before it is read back
-            self.pending.popleft().result()
+        self.io.wait()  # every packed record must be written before it is read back
         h = self.header
         b, t = h.batch_size, h.seq_len
         self.stage = np.empty((0, t), dtype=TOKEN_DTYPE)  # its memory is not needed any more
@@ -906,14 +964,12 @@ class _WindowedOutput:
             sources = self.sources.get(w * self.window_records, m * b)
             order = np.argsort(sources, kind="stable")  # packed rows are in source order
             buf = bufs[w % 2]
-            while len(self.pending) > 1:  # the write that last used ``buf`` must be done
-                self.pending.popleft().result()
+            self.io.wait(keep=1)  # the write that last used ``buf`` must be done
             slots = buf[:m, : b * t].reshape(m, b, t)
             _scatter_mapped(self.sort_fd, start, slots, order)
             discard(self.sort_fd, start, m * b * self.row_bytes)  # used: never written back
             self._submit(self._write_window, buf[:m], start)
-        while self.pending:
-            self.pending.popleft().result()
+        self.io.wait()
 
     def _window_records(self, w: int) -> int:
         """Records in window ``w`` (whole batches; only the last window may be short)."""
