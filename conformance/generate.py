@@ -47,6 +47,7 @@ from zerobatch_spec.layout import RESERVED_SIZE
 
 from .dataset_vectors import dataset_query_vectors, dataset_vectors
 from .live_vectors import live_vectors
+from .mixture_vectors import mixture_query_vectors
 from .vector import (
     Vector,
     assemble,
@@ -573,6 +574,7 @@ ALL: tuple[Callable[[], Iterator[Vector]], ...] = (
     dataset_vectors,
     dataset_query_vectors,
     live_vectors,
+    mixture_query_vectors,
 )
 
 DATASET_FOLDER_README = (

@@ -38,6 +38,7 @@ from zerobatch_core.files.validation import find_padding_violation
 from zerobatch_core.order import BlockOrder, sharded_order
 
 from .live_probe import describe_live
+from .mixture_probe import answer_mixture_order
 
 INVALID_QUERY = "invalid_query"
 """The ``error`` of a query that is not a JSON object with the fields its ``op`` needs, each a
@@ -167,6 +168,8 @@ def query_fields(query: object) -> tuple[str | None, dict[str, Any]]:
 
 def answer_query(query: object) -> dict[str, Any]:
     """Protocol answer for a parsed ``.query.json`` vector."""
+    if isinstance(query, dict) and query.get("op") == "mixture_order":
+        return answer_mixture_order(query, INVALID_QUERY)
     try:
         op, q = query_fields(query)
     except QueryError as e:
