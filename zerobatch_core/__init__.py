@@ -26,6 +26,8 @@ from .datasets.validation import DatasetReport, validate_dataset
 from .delivery.distributed import rank_rows, resolve_rank_world
 from .delivery.documents import DocumentLayout, document_layout
 from .delivery.loader import DEFAULT_BLOCK_SIZE, BatchNativeLoader, Item, OutputDType, Position
+from .delivery.mixture import Component, Mixture, MixtureError, load_mixture
+from .delivery.mixture_loader import MixtureLoader
 from .delivery.provenance import StepTrace, trace_step
 from .delivery.slicing import Slicing
 from .delivery.sources import BatchSource
@@ -67,6 +69,7 @@ __all__ = [
     "BatchSource",
     "BatchStream",
     "ByteTokenizer",
+    "Component",
     "ConvertSummary",
     "DatasetError",
     "DatasetReader",
@@ -79,6 +82,9 @@ __all__ = [
     "Item",
     "Layout",
     "MissingDependencyError",
+    "Mixture",
+    "MixtureError",
+    "MixtureLoader",
     "OutputDType",
     "Position",
     "Slicing",
@@ -97,6 +103,7 @@ __all__ = [
     "document_layout",
     "int_arg",
     "is_dataset",
+    "load_mixture",
     "open_source",
     "pack_documents",
     "rank_rows",

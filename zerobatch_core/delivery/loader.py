@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, NamedTuple, TypeGuard
 
 import numpy as np
@@ -115,6 +115,19 @@ def source_identity(source: Source) -> dict[str, Any]:
     return source.identity()
 
 
+LOADER_KINDS: list[tuple[Callable[[object], bool], type[BatchNativeLoader]]] = []
+"""``(test, subclass)``: ``BatchNativeLoader(source, ...)`` builds the first ``subclass`` whose
+``test(source)`` holds (``register_loader_kind``)."""
+
+
+def register_loader_kind(test: Callable[[object], bool], kind: type[BatchNativeLoader]) -> None:
+    """Have ``BatchNativeLoader(source, ...)`` build a ``kind`` for every source ``test``
+    accepts: a subclass that serves a kind of source through the same protocol with resume
+    rules of its own (``mixture_loader.MixtureLoader``), chosen where the user names only the
+    core loader."""
+    LOADER_KINDS.append((test, kind))
+
+
 class BatchNativeLoader:
     """Iterate a file's or a dataset's batches in block-shuffled order, one epoch per pass.
 
@@ -171,6 +184,14 @@ class BatchNativeLoader:
     ...     for batch in loader:
     ...         train_step(batch)
     """
+
+    def __new__(cls, path: object = None, *args: Any, **kwargs: Any) -> BatchNativeLoader:
+        """A registered subclass for the sources it serves (``register_loader_kind``)."""
+        if cls is BatchNativeLoader:
+            for test, kind in LOADER_KINDS:
+                if test(path):
+                    return super().__new__(kind)
+        return super().__new__(cls)
 
     def __init__(
         self,

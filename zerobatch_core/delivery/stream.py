@@ -57,6 +57,8 @@ from .loader import (
     OutputDType,
     Position,
 )
+from .mixture import Mixture
+from .mixture_loader import is_mixture, open_mixture
 from .slicing import Slicing
 from .sources import BatchSource, open_reader
 
@@ -74,8 +76,9 @@ DEFAULT_PREFETCH = 2
 LAYOUT_KEYS = ("segment_ids", "positions", "cu_seqlens")
 """Document-layout fields of a ``bos_id`` item, after its tokens (or inputs and labels)."""
 
-Source = str | os.PathLike[str] | BatchSource
-"""What a stream (and ``BatchNativeLoader``) serves from: a path or URL, or an open reader."""
+Source = str | os.PathLike[str] | BatchSource | Mixture
+"""What a stream (and ``BatchNativeLoader``) serves from: a path or URL, an open reader, or a
+``Mixture`` (or a mixture file's path)."""
 
 
 class Layout(NamedTuple):
@@ -169,8 +172,16 @@ class BatchStream(Closing, Generic[T]):
                 f"{type(self).__name__}, got {dtype!r}"
             )
         self.prefetch = int_arg("prefetch", prefetch, 0)
-        reader = source if isinstance(source, BatchSource) else open_reader(source, verify=verify)
-        self._owns_reader = reader is not source
+        reader: BatchSource
+        if isinstance(source, Mixture) or is_mixture(source):
+            reader, owned = open_mixture(
+                source, global_batch_size=global_batch_size, seed=seed, verify=verify
+            )
+        elif isinstance(source, BatchSource):
+            reader, owned = source, False
+        else:
+            reader, owned = open_reader(source, verify=verify), True
+        self._owns_reader = owned
         try:
             layout = Layout(rank, world_size, context_rank, context_size, bool(zigzag))
             host_dtype, label_dtype = self._host_dtypes(dtype)

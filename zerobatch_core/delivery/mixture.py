@@ -1,0 +1,538 @@
+"""``Mixture``: several sources blended by weight, with a schedule (``SPEC.md`` section 21).
+
+A ``Mixture`` describes the blend: named components (any source a loader takes: a file, a
+dataset directory, a URL, a live dataset, an open reader), each with a weight, and optional
+phases that change the weights from given global steps on. It is accepted wherever a source
+is (``BatchNativeLoader``, ``BatchStream``, every adapter) and has a JSON file form
+(``load_mixture``) that the command line accepts.
+
+**Serving.** Each global step serves one whole global batch of one component, the one
+section 21.2 names; every data- and context-parallel rank of the step reads its own share of
+that batch (``slicing.py``), so items stay views of the component's files where the step's rows
+lie in one stored batch. Each component keeps its own cursor, counted in samples, and is read
+in its own order (sections 8 and 14: the loader's ``block_size`` and ``shuffle``, and the
+component's own seed unless the loader is given one) over as many epochs as the mixture
+reaches: a small component repeats, a large one is only partly read. The mixture is one epoch
+of ``steps`` global steps (by default practically endless): train by steps.
+
+**Resuming** (``MixtureLoader``). A state holds the step, the history the schedule was
+resumed into, and every component's name, source identity and position. Loaded into the same
+mixture it continues exactly. Loaded into a mixture whose weights, schedule, components or
+global batch size changed, it continues as if a phase started at the saved step (section 21.3):
+the weights in force there, every remaining component from its own position, a new component
+from its start; nothing is repeated or skipped. A component whose source has another identity
+under the same name is refused with a ``StateError`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from zerobatch_spec import U64_MAX
+from zerobatch_spec.mixture import MixtureSpecError, Phase, phase_at, weight_units
+
+from ..arguments import int_arg
+from ..errors import ZeroBatchError
+from ..order import BlockOrder, Order, Span
+from .mixing import MixtureSchedule
+from .sources import BatchSource, Region, open_reader
+
+MIXTURE_FORMAT = "zerobatch.mixture"
+MIXTURE_VERSION = 1
+ENDLESS_STEPS = 2**63 - 1
+"""Steps of a mixture without ``steps``: more than any run takes, and still a valid ``len``."""
+U32Array = npt.NDArray[np.uint32]
+
+
+class MixtureError(ZeroBatchError, ValueError):
+    """A mixture that cannot be served: its description, or a component that does not fit."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """One source of a mixture: its ``name`` (unique; states name components by it), the
+    ``source`` (anything ``open_reader`` opens, or an open reader) and its ``weight``."""
+
+    name: str
+    source: Any
+    weight: float | int | str = 1
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """A blend of ``components`` by weight (see the module docstring).
+
+    ``schedule`` lists ``(start_step, {name: weight})`` phases after the first: from global step
+    ``start_step`` on, the named components take those weights (components not named take 0).
+    Weights are decimals with up to 9 fraction digits (section 21.1): ``0.5, 0.3, 0.2`` and
+    ``5, 3, 2`` blend alike. ``global_batch_size`` defaults to the components' stored batch
+    size (which must then be the same for all); ``steps`` bounds the mixture's one epoch.
+
+    >>> mix = Mixture(  # doctest: +SKIP
+    ...     [Component("web", "web/", 0.7), Component("code", "s3://b/code", 0.3)],
+    ...     schedule=[(90_000, {"web": 0.4, "code": 0.6})],
+    ... )
+    >>> loader = BatchNativeLoader(mix, dtype="int64")  # doctest: +SKIP
+    """
+
+    components: tuple[Component, ...]
+    schedule: tuple[tuple[int, Mapping[str, Any]], ...] = ()
+    global_batch_size: int | None = None
+    steps: int | None = None
+    phases: tuple[Phase, ...] = field(init=False, repr=False, compare=False)
+
+    def __init__(
+        self,
+        components: Sequence[Component | tuple[str, Any, Any]],
+        *,
+        schedule: Sequence[tuple[Any, Mapping[str, Any]]] = (),
+        global_batch_size: int | None = None,
+        steps: int | None = None,
+    ) -> None:
+        parts = tuple(c if isinstance(c, Component) else Component(*c) for c in components)
+        if not parts:
+            raise MixtureError("a mixture needs at least one component")
+        names = [c.name for c in parts]
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise MixtureError(f"component names are non-empty strings, got {name!r}")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise MixtureError(f"component names must be unique: {', '.join(dup)} repeated")
+        first = [_units(f"component {c.name!r}: weight", c.weight) for c in parts]
+        phases = [Phase(0, tuple(first))]
+        for k, entry in enumerate(schedule):
+            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+                raise MixtureError(f"schedule[{k}] must be (start_step, {{name: weight}})")
+            start, weights = entry
+            start = int_arg(f"schedule[{k}] start step", start, 1, U64_MAX, MixtureError)
+            if not isinstance(weights, Mapping):
+                raise MixtureError(f"schedule[{k}]: weights must map names to weights")
+            unknown = sorted(set(weights) - set(names))
+            if unknown:
+                raise MixtureError(f"schedule[{k}]: no component named {unknown[0]!r}")
+            units = tuple(
+                _units(f"schedule[{k}] weight of {n!r}", weights.get(n, 0)) for n in names
+            )
+            phases.append(Phase(start, units))
+        try:
+            MixtureSchedule(phases)  # checks the schedule (section 21.1)
+        except MixtureSpecError as e:
+            raise MixtureError(str(e)) from None
+        g = (
+            None
+            if global_batch_size is None
+            else int_arg("global_batch_size", global_batch_size, 1)
+        )
+        n = None if steps is None else int_arg("steps", steps, 0, ENDLESS_STEPS, MixtureError)
+        object.__setattr__(self, "components", parts)
+        object.__setattr__(self, "schedule", tuple((s, dict(w)) for s, w in schedule))
+        object.__setattr__(self, "global_batch_size", g)
+        object.__setattr__(self, "steps", n)
+        object.__setattr__(self, "phases", tuple(phases))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.components)
+
+    def describe(self) -> dict[str, Any]:
+        """The blend as plain values (what a state records to tell mixtures apart)."""
+        return {
+            "components": list(self.names),
+            "phases": [{"start": p.start, "weights": list(p.weights)} for p in self.phases],
+            "global_batch_size": self.global_batch_size,
+            "steps": self.steps,
+        }
+
+
+def _units(where: str, value: Any) -> int:
+    try:
+        return weight_units(value, where)
+    except MixtureSpecError as e:
+        raise MixtureError(str(e)) from None
+
+
+def load_mixture(path: str | os.PathLike[str]) -> Mixture:
+    """The ``Mixture`` of a JSON mixture file (README, "Mixtures").
+
+    ``{"format": "zerobatch.mixture", "version": 1, "components": [{"name", "source",
+    "weight"}, ...], "schedule": [{"start", "weights": {name: weight}}], "global_batch_size",
+    "steps"}``; ``schedule``, ``global_batch_size`` and ``steps`` are optional. A relative
+    ``source`` path is relative to the file's directory. Weights keep their decimal text.
+    """
+    text = os.fspath(path)
+    try:
+        with open(text, "rb") as f:
+            data = f.read(1 << 20)
+    except OSError as e:
+        raise MixtureError(f"{text}: cannot read the mixture file: {e.strerror or e}") from None
+    try:
+        doc = json.loads(data, parse_float=str, parse_int=int)
+    except (ValueError, RecursionError) as e:
+        raise MixtureError(f"{text}: not a UTF-8 JSON document: {e}") from None
+
+    def fail(detail: str) -> MixtureError:
+        return MixtureError(f"{text}: {detail}")
+
+    if not isinstance(doc, dict):
+        raise fail("a mixture file holds a JSON object")
+    if doc.get("format") != MIXTURE_FORMAT:
+        raise fail(f"format must be {MIXTURE_FORMAT!r}, got {doc.get('format')!r:.80}")
+    if doc.get("version") != MIXTURE_VERSION or isinstance(doc.get("version"), bool):
+        raise fail(f"version must be {MIXTURE_VERSION}, got {doc.get('version')!r:.80}")
+    entries = doc.get("components")
+    if not isinstance(entries, list) or not entries:
+        raise fail("components must be a non-empty list")
+    base = os.path.dirname(os.path.abspath(text))
+    components = []
+    for k, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise fail(f"components[{k}] must be an object")
+        for key in ("name", "source"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise fail(f"components[{k}].{key} must be a non-empty string")
+        source = entry["source"]
+        if "://" not in source and not os.path.isabs(source):
+            source = os.path.join(base, source)
+        components.append(Component(entry["name"], source, entry.get("weight", 1)))
+    schedule = []
+    raw = doc.get("schedule", [])
+    if not isinstance(raw, list):
+        raise fail("schedule must be a list")
+    for k, phase in enumerate(raw):
+        if not isinstance(phase, dict) or not isinstance(phase.get("weights"), dict):
+            raise fail(f"schedule[{k}] must be an object with start and weights")
+        schedule.append((phase.get("start"), phase["weights"]))
+    try:
+        return Mixture(
+            components,
+            schedule=schedule,
+            global_batch_size=doc.get("global_batch_size"),
+            steps=doc.get("steps"),
+        )
+    except MixtureError as e:
+        raise fail(str(e)) from None
+
+
+def is_mixture_file(path: object) -> bool:
+    """Whether ``path`` names a JSON file that declares itself a mixture."""
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head.lstrip()[:1] == b"{" and MIXTURE_FORMAT.encode() in head
+
+
+@dataclass(frozen=True)
+class _StepOrder(BlockOrder):
+    """A mixture's order: position ``q`` of epoch ``e`` is global step ``e * num_batches + q``
+    (a mixture is one sequence of steps, which its epochs continue)."""
+
+    def spans(self, epoch: int, start: int = 0) -> Iterator[Span]:
+        base = epoch * self.num_batches
+        for span in super().spans(epoch, start):
+            yield Span(base + span.start, base + span.stop)
+
+
+class _Cursor:
+    """A component's stored-batch index at serving positions, read forward cheaply."""
+
+    def __init__(self, order: Order) -> None:
+        self.order = order
+        self.epoch = -1
+        self.next = 0
+        self.last: tuple[int, int, int] | None = None  # (epoch, position, index)
+        self.indices: Iterator[int] | None = None
+
+    def index(self, epoch: int, position: int) -> int:
+        if self.last is not None and self.last[:2] == (epoch, position):
+            return self.last[2]
+        if self.indices is None or epoch != self.epoch or position != self.next:
+            self.indices = self.order.indices(epoch, position)
+            self.epoch = epoch
+        index = next(self.indices)
+        self.next = position + 1
+        self.last = (epoch, position, index)
+        return index
+
+
+class _Opened:
+    """One component, opened: its reader, steps of the mixture's size, and its order cursor."""
+
+    def __init__(self, name: str, reader: BatchSource, owned: bool, order: Order) -> None:
+        self.name, self.reader, self.owned = name, reader, owned
+        self.samples = reader.num_batches * reader.batch_size  # per epoch
+        self.cursor = _Cursor(order)
+        self.lock = threading.Lock()
+
+
+@dataclass
+class _History:
+    """Where the schedule was last re-phased (section 21.3): the step, and every component's
+    position there in samples. ``(0, zeros)`` until a changed mixture is resumed."""
+
+    step: int
+    positions: list[int]
+
+
+class MixtureSource:
+    """The ``BatchSource`` a loader serves a ``Mixture`` from: its slot ``k`` is global step
+    ``k``, a whole global batch of the component section 21 names (opened at its first use).
+
+    Its own order is the identity (a mixture is served step by step); the order parameters the
+    loader gives (``order``) are its components'.
+    """
+
+    fetches = False
+
+    def __init__(
+        self,
+        mixture: Mixture,
+        *,
+        global_batch_size: int | None = None,
+        seed: int | None = None,
+        verify: Any = None,
+        **remote: Any,
+    ) -> None:
+        self.mixture = mixture
+        self.path = f"mixture({', '.join(mixture.names)})"
+        self.component_seed = seed
+        self._verify, self._remote = verify, remote
+        self._opened: dict[int, _Opened] = {}
+        self._order_args = (1, True)
+        self._closed = False
+        self._lock = threading.Lock()
+        g = global_batch_size or mixture.global_batch_size
+        self.history = _History(0, [0] * len(mixture.components))
+        self.schedule = MixtureSchedule(mixture.phases)
+        try:
+            live = [i for i, w in enumerate(mixture.phases[0].weights) if w > 0]
+            first = self._reader(live[0])
+            self._seq_len = first.seq_len
+            self._seed = first.seed
+            if g is None:
+                g = first.batch_size
+                for i in range(len(mixture.components)):  # one shape, or a size must be given
+                    other = self._reader(i)
+                    if other.batch_size != g:
+                        raise MixtureError(
+                            f"component {mixture.names[i]!r} stores batches of "
+                            f"{other.batch_size}, component {mixture.names[live[0]]!r} of {g}: "
+                            "give the mixture a global_batch_size"
+                        )
+        except BaseException:
+            self.close()
+            raise
+        self.global_batch_size = g
+        self.steps = ENDLESS_STEPS if mixture.steps is None else mixture.steps
+
+    # -- components -------------------------------------------------------------------------
+    def _reader(self, i: int) -> BatchSource:
+        """Component ``i``'s reader, opened (and its shape checked) at its first use."""
+        opened = self._opened.get(i)
+        if opened is not None:
+            return opened.reader
+        source = self.mixture.components[i].source
+        owned = not isinstance(source, BatchSource)
+        reader = open_reader(source, verify=self._verify, **self._remote) if owned else source
+        return self._adopt(i, reader, owned)
+
+    def _adopt(self, i: int, reader: BatchSource, owned: bool) -> BatchSource:
+        name = self.mixture.names[i]
+        try:
+            if self._opened and reader.seq_len != self._seq_len:
+                raise MixtureError(
+                    f"component {name!r} ({reader.path}) has seq_len {reader.seq_len}; the "
+                    f"mixture's components have {self._seq_len}"
+                )
+            if reader.num_batches * reader.batch_size == 0:
+                raise MixtureError(f"component {name!r} ({reader.path}) holds no samples")
+        except BaseException:
+            if owned:
+                reader.close()
+            raise
+        block_size, shuffle = self._order_args
+        seed = reader.seed if self.component_seed is None else self.component_seed
+        order = reader.order(block_size, seed, shuffle)
+        self._opened[i] = _Opened(name, reader, owned, order)
+        return reader
+
+    def _component(self, i: int) -> _Opened:
+        if i not in self._opened:
+            with self._lock:
+                if self._closed:
+                    raise ValueError(f"{self.path}: reader is closed")
+                self._reader(i)
+        return self._opened[i]
+
+    # -- the schedule -----------------------------------------------------------------------
+    def at(self, step: int) -> tuple[int, int]:
+        """``(component, first sample)`` of global ``step``: its component and where in that
+        component's own sequence of samples the step's global batch starts."""
+        h = self.history
+        if step < h.step:
+            raise IndexError(
+                f"{self.path}: step {step} comes before step {h.step}, where this mixture "
+                "was resumed with another blend"
+            )
+        component, count = self.schedule.at(step - h.step)
+        return component, h.positions[component] + count * self.global_batch_size
+
+    def positions(self, step: int) -> list[int]:
+        """Every component's position (samples served) at global ``step``."""
+        h = self.history
+        counts = self.schedule.positions(step - h.step)
+        return [p + c * self.global_batch_size for p, c in zip(h.positions, counts, strict=True)]
+
+    def rephase(self, step: int, positions: Sequence[int]) -> None:
+        """Continue from global ``step`` with every component at ``positions`` (samples), the
+        weights in force at ``step`` starting a phase there (section 21.3)."""
+        phases = self.mixture.phases
+        k = phase_at(phases, step)
+        moved = [Phase(0, phases[k].weights)]
+        moved += [Phase(p.start - step, p.weights) for p in phases[k + 1 :]]
+        self.schedule = MixtureSchedule(moved)
+        self.history = _History(step, list(positions))
+
+    def component_name(self, step: int) -> str:
+        """The name of the component serving global ``step``."""
+        return self.mixture.names[self.at(step)[0]]
+
+    # -- BatchSource ------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self.global_batch_size
+
+    @property
+    def seq_len(self) -> int:
+        return self._seq_len
+
+    @property
+    def num_batches(self) -> int:
+        return self.steps
+
+    @property
+    def seed(self) -> int:
+        """The seed of the first component served (a loader's default seed: unused, since
+        components keep their own unless the loader is given one)."""
+        return self._seed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def order(self, block_size: int, seed: int, shuffle: bool) -> BlockOrder:
+        """Global steps in order (epoch ``e`` serves steps ``e * steps`` on); ``block_size``
+        and ``shuffle`` are the components' (orders already made are made again)."""
+        if (block_size, shuffle) != self._order_args:
+            self._order_args = (block_size, shuffle)
+            for i, opened in list(self._opened.items()):
+                r = opened.reader
+                own = r.seed if self.component_seed is None else self.component_seed
+                order = r.order(block_size, own, shuffle)
+                self._opened[i] = _Opened(opened.name, r, opened.owned, order)
+        return _StepOrder(self.steps, max(1, block_size), 0, False)
+
+    def identity(self) -> dict[str, Any]:
+        """The blend and every component's identity (opens every component)."""
+        return {
+            "mixture": {
+                **self.mixture.describe(),
+                "global_batch_size": self.global_batch_size,
+                "sources": {
+                    name: self._reader(i).identity() for i, name in enumerate(self.mixture.names)
+                },
+            }
+        }
+
+    def _pieces(self, step: int, r0: int, r1: int) -> Iterator[tuple[_Opened, int, int, int]]:
+        """``(component, stored index, first row, end row)`` holding rows ``r0..r1`` of
+        global ``step``'s batch."""
+        i, first = self.at(step)
+        opened = self._component(i)
+        b = opened.reader.batch_size
+        sample, end = first + r0, first + r1
+        while sample < end:
+            epoch, within = divmod(sample, opened.samples)
+            position, row = divmod(within, b)
+            with opened.lock:
+                index = opened.cursor.index(epoch, position)
+            take = min(b - row, end - sample, opened.samples - within)
+            yield opened, index, row, row + take
+            sample += take
+
+    def read_region(self, index: int, r0: int, r1: int, lo: int, hi: int) -> U32Array:
+        """Rows ``r0..r1``, columns ``lo..hi`` of global step ``index``'s batch: a view of the
+        component's stored batch where the rows lie in one, else their concatenation."""
+        if self._closed:
+            raise ValueError(f"{self.path}: reader is closed")
+        parts = [
+            o.reader.read_region(k, a, b, lo, hi) for o, k, a, b in self._pieces(index, r0, r1)
+        ]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def read_batch(self, index: int) -> U32Array:
+        return self.read_region(index, 0, self.global_batch_size, 0, self._seq_len)
+
+    def view_batches(self, start: int, stop: int) -> None:
+        """``None``: consecutive steps lie in different components and batches."""
+        return None
+
+    def slot_file(self, index: int) -> Any:
+        """The component's file and slot when global step ``index`` is one whole stored batch
+        of a component read from local files, else ``None``."""
+        pieces = list(self._pieces(index, 0, self.global_batch_size))
+        if len(pieces) != 1:
+            return None
+        opened, k, a, b = pieces[0]
+        if (a, b) != (0, opened.reader.batch_size):
+            return None
+        return opened.reader.slot_file(k)
+
+    def read_ahead(self, start: int, stop: int) -> None:
+        """Have the stored batches of steps ``start..stop`` read in the background."""
+        for step in range(start, min(stop, self.steps)):
+            for opened, k, _, _ in self._pieces(step, 0, self.global_batch_size):
+                opened.reader.read_ahead(k, k + 1)
+
+    def check_size(self, index: int = 0) -> None:
+        """Each opened component's check for the stored batch of step ``index``."""
+        for opened, k, _, _ in self._pieces(index, 0, self.global_batch_size):
+            opened.reader.check_size(k)
+
+    def ahead(
+        self,
+        steps: Iterator[Any],
+        regions: Callable[[Any], Sequence[Region]],
+        *,
+        whole_rows: bool = False,
+    ) -> Iterator[Any]:
+        """``steps`` unchanged: components fetch their regions when they are read."""
+        return steps
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            opened, self._opened = self._opened, {}
+        for o in opened.values():
+            if o.owned:
+                o.reader.close()
+
+    def __enter__(self) -> MixtureSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"MixtureSource({self.path}, global_batch_size={self.global_batch_size})"
