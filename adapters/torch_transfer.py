@@ -121,6 +121,10 @@ class StagingRing:
         return moved
 
 
+ORDER_ARRAY_LIMIT = 1 << 28
+"""Steps of an epoch up to which a worker looks its slots up in the epoch's order array."""
+
+
 def shipped(
     tensor: torch.Tensor,
     reader: BatchFileReader | None = None,
@@ -154,9 +158,12 @@ def ship(loader: BatchNativeLoader, items: Iterator[Any], pair: type[Any]) -> It
         following, (epoch, step) = loader.position, position
         slot: tuple[BatchFileReader, int] | None = None
         if whole:
-            if order[0] != epoch:
+            if order[0] != epoch and source.num_batches <= ORDER_ARRAY_LIMIT:
                 order = (epoch, loader.epoch_order(epoch))
-            slot = source.slot_file(int(order[1][step]))
+            if source.num_batches > ORDER_ARRAY_LIMIT:  # an endless mixture: no epoch array
+                slot = source.slot_file(next(loader.order.indices(epoch, step)))
+            else:
+                slot = source.slot_file(int(order[1][step]))
 
         def mark(key: str, tensor: torch.Tensor, slot: Any = slot) -> torch.Tensor:
             if slot is None or key not in columns:

@@ -42,9 +42,11 @@ def _jax(path: Path, **kw: Any) -> Any:
     import jax
     from zerobatch_adapters.jax import JaxBatchIterator, default_sharding
 
-    from zerobatch_core import BatchFileReader, BatchSource
+    from zerobatch_core import BatchFileReader, BatchSource, Mixture
 
-    if isinstance(path, BatchSource):  # a source built outside ZeroBatch
+    if isinstance(path, Mixture):  # a blend: its global batch
+        rows = (path.global_batch_size or 1) // kw.get("world_size", 1)
+    elif isinstance(path, BatchSource):  # a source built outside ZeroBatch
         rows = path.batch_size // kw.get("world_size", 1)
     else:
         with BatchFileReader(path) as reader:

@@ -9,11 +9,13 @@ is (``BatchNativeLoader``, ``BatchStream``, every adapter) and has a JSON file f
 **Serving.** Each global step serves one whole global batch of one component, the one
 section 21.2 names; every data- and context-parallel rank of the step reads its own share of
 that batch (``slicing.py``), so items stay views of the component's files where the step's rows
-lie in one stored batch. Each component keeps its own cursor, counted in samples, and is read
-in its own order (sections 8 and 14: the loader's ``block_size`` and ``shuffle``, and the
-component's own seed unless the loader is given one) over as many epochs as the mixture
-reaches: a small component repeats, a large one is only partly read. The mixture is one epoch
-of ``steps`` global steps (by default practically endless): train by steps.
+lie in one stored batch. Each component keeps its own cursor, ``(epoch, sample)``, and serves
+exactly the sequence of global batches its own loader would (same ``block_size``, ``shuffle``
+and global batch size; its own seed unless the loader is given one), over as many epochs as
+the mixture reaches: a small component repeats, a large one is only partly read. As in its own
+loader, the last samples of each epoch that do not fill a global batch are not served. A
+mixture's epoch is ``steps`` global steps (by default practically endless: train by steps),
+and its next epoch continues the blend.
 
 **Resuming** (``MixtureLoader``). A state holds the step, the history the schedule was
 resumed into, and every component's name, source identity and position. Loaded into the same
@@ -275,14 +277,30 @@ class _Opened:
         self.cursor = _Cursor(order)
         self.lock = threading.Lock()
 
+    def advance(self, start: tuple[int, int], count: int, g: int) -> tuple[int, int]:
+        """The position ``count`` global batches of ``g`` samples after ``start``: within an
+        epoch while a whole batch fits, then from the next epoch's first sample."""
+        epoch, offset = start
+        if offset + g > self.samples:  # nothing whole left in this epoch
+            epoch, offset = epoch + 1, 0
+        first = (self.samples - offset) // g  # batches left in the start epoch
+        if count < first:
+            return epoch, offset + count * g
+        more, left = divmod(count - first, self.samples // g)
+        return epoch + 1 + more, left * g
+
+
+Cursor = tuple[int, int]
+"""A component's position: ``(its epoch, the sample of that epoch its next batch starts at)``."""
+
 
 @dataclass
 class _History:
     """Where the schedule was last re-phased (section 21.3): the step, and every component's
-    position there in samples. ``(0, zeros)`` until a changed mixture is resumed."""
+    cursor there. ``(0, all (0, 0))`` until a changed mixture is resumed."""
 
     step: int
-    positions: list[int]
+    positions: list[Cursor]
 
 
 class MixtureSource:
@@ -313,7 +331,7 @@ class MixtureSource:
         self._closed = False
         self._lock = threading.Lock()
         g = global_batch_size or mixture.global_batch_size
-        self.history = _History(0, [0] * len(mixture.components))
+        self.history = _History(0, [(0, 0)] * len(mixture.components))
         self.schedule = MixtureSchedule(mixture.phases)
         try:
             live = [i for i, w in enumerate(mixture.phases[0].weights) if w > 0]
@@ -373,36 +391,45 @@ class MixtureSource:
                 if self._closed:
                     raise ValueError(f"{self.path}: reader is closed")
                 self._reader(i)
-        return self._opened[i]
+        opened = self._opened[i]
+        if opened.samples < self.global_batch_size:
+            raise MixtureError(
+                f"component {opened.name!r} ({opened.reader.path}) holds {opened.samples} "
+                f"samples, fewer than one global batch of {self.global_batch_size}"
+            )
+        return opened
 
     # -- the schedule -----------------------------------------------------------------------
-    def at(self, step: int) -> tuple[int, int]:
-        """``(component, first sample)`` of global ``step``: its component and where in that
-        component's own sequence of samples the step's global batch starts."""
+    def at(self, step: int) -> tuple[int, Cursor]:
+        """``(component, its cursor)`` at global ``step``: the component serving the step and
+        where in its own sequence the step's global batch starts."""
         h = self.history
         if step < h.step:
             raise IndexError(
                 f"{self.path}: step {step} comes before step {h.step}, where this mixture "
                 "was resumed with another blend"
             )
-        component, count = self.schedule.at(step - h.step)
-        return component, h.positions[component] + count * self.global_batch_size
+        i, count = self.schedule.at(step - h.step)
+        return i, self._component(i).advance(h.positions[i], count, self.global_batch_size)
 
-    def positions(self, step: int) -> list[int]:
-        """Every component's position (samples served) at global ``step``."""
+    def positions(self, step: int) -> list[Cursor]:
+        """Every component's cursor at global ``step`` (opens every component served)."""
         h = self.history
         counts = self.schedule.positions(step - h.step)
-        return [p + c * self.global_batch_size for p, c in zip(h.positions, counts, strict=True)]
+        return [
+            self._component(i).advance(p, c, self.global_batch_size) if c else p
+            for i, (p, c) in enumerate(zip(h.positions, counts, strict=True))
+        ]
 
-    def rephase(self, step: int, positions: Sequence[int]) -> None:
-        """Continue from global ``step`` with every component at ``positions`` (samples), the
-        weights in force at ``step`` starting a phase there (section 21.3)."""
+    def rephase(self, step: int, positions: Sequence[Cursor]) -> None:
+        """Continue from global ``step`` with every component at its cursor in ``positions``,
+        the weights in force at ``step`` starting a phase there (section 21.3)."""
         phases = self.mixture.phases
         k = phase_at(phases, step)
         moved = [Phase(0, phases[k].weights)]
         moved += [Phase(p.start - step, p.weights) for p in phases[k + 1 :]]
         self.schedule = MixtureSchedule(moved)
-        self.history = _History(step, list(positions))
+        self.history = _History(step, [(int(e), int(o)) for e, o in positions])
 
     def component_name(self, step: int) -> str:
         """The name of the component serving global ``step``."""
@@ -457,17 +484,16 @@ class MixtureSource:
 
     def _pieces(self, step: int, r0: int, r1: int) -> Iterator[tuple[_Opened, int, int, int]]:
         """``(component, stored index, first row, end row)`` holding rows ``r0..r1`` of
-        global ``step``'s batch."""
-        i, first = self.at(step)
+        global ``step``'s batch (a global batch never crosses its component's epoch)."""
+        i, (epoch, first) = self.at(step)
         opened = self._component(i)
         b = opened.reader.batch_size
         sample, end = first + r0, first + r1
         while sample < end:
-            epoch, within = divmod(sample, opened.samples)
-            position, row = divmod(within, b)
+            position, row = divmod(sample, b)
             with opened.lock:
                 index = opened.cursor.index(epoch, position)
-            take = min(b - row, end - sample, opened.samples - within)
+            take = min(b - row, end - sample)
             yield opened, index, row, row + take
             sample += take
 
@@ -528,6 +554,12 @@ class MixtureSource:
             if o.owned:
                 o.reader.close()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Another process (a DataLoader worker) reopens the components it serves itself."""
+        state = (self.history.step, self.history.positions, self._order_args)
+        args = (self.mixture, self.global_batch_size, self.component_seed, self._verify)
+        return _reopen, (*args, self._remote, state)
+
     def __enter__(self) -> MixtureSource:
         return self
 
@@ -536,3 +568,21 @@ class MixtureSource:
 
     def __repr__(self) -> str:
         return f"MixtureSource({self.path}, global_batch_size={self.global_batch_size})"
+
+
+def _reopen(
+    mixture: Mixture,
+    global_batch_size: int,
+    seed: int | None,
+    verify: Any,
+    remote: dict[str, Any],
+    state: tuple[int, list[Cursor], tuple[int, bool]],
+) -> MixtureSource:
+    source = MixtureSource(
+        mixture, global_batch_size=global_batch_size, seed=seed, verify=verify, **remote
+    )
+    step, positions, (block_size, shuffle) = state
+    source.order(block_size, 0, shuffle)
+    if step or any(positions):
+        source.rephase(step, positions)
+    return source

@@ -24,7 +24,7 @@ from .loader import (
     Position,
     register_loader_kind,
 )
-from .mixture import Mixture, MixtureSource, is_mixture_file, load_mixture
+from .mixture import Cursor, Mixture, MixtureSource, is_mixture_file, load_mixture
 from .slicing import Slicing
 
 MixtureLike = Mixture | MixtureSource | str | os.PathLike[str]
@@ -126,8 +126,9 @@ class MixtureLoader(BatchNativeLoader):
         """The name of the component serving the step at ``position`` (default: the cursor)."""
         return self.source.component_name(self.global_step(position))
 
-    def component_positions(self, position: Position | None = None) -> dict[str, int]:
-        """Every component's position (samples served) at ``position`` (default: the cursor)."""
+    def component_positions(self, position: Position | None = None) -> dict[str, Cursor]:
+        """Every component's cursor ``(its epoch, the sample its next global batch starts
+        at)`` at ``position`` (default: the loader's cursor)."""
         step = self.global_step(position)
         return dict(zip(self.source.mixture.names, self.source.positions(step), strict=True))
 
@@ -160,10 +161,12 @@ class MixtureLoader(BatchNativeLoader):
             "component_seed": self.source.component_seed,
             "history": {
                 "step": history.step,
-                "positions": dict(zip(names, history.positions, strict=True)),
+                "positions": {n: list(p) for n, p in zip(names, history.positions, strict=True)},
             },
             "step": step,
-            "positions": dict(zip(names, self.source.positions(step), strict=True)),
+            "positions": {
+                n: list(p) for n, p in zip(names, self.source.positions(step), strict=True)
+            },
         }
         return state
 
@@ -175,13 +178,18 @@ class MixtureLoader(BatchNativeLoader):
         e, step, *_ = super().check_state(translated)
         if history is None:  # another blend: a phase starts at the saved step
             saved = state["mixture"]["positions"]
-            positions = [saved.get(name, 0) for name in self.source.mixture.names]
+            positions = [_cursor(saved.get(name, [0, 0]), name) for name in self.names]
             self.source.rephase(self.global_step(Position(e, step)), positions)
         else:
             self.source.rephase(*history)
         super().load_state_dict(translated)
 
-    def _translated(self, state: object) -> tuple[dict[str, Any], tuple[int, list[int]] | None]:
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The components' names, in the mixture's order."""
+        return self.source.mixture.names
+
+    def _translated(self, state: object) -> tuple[dict[str, Any], tuple[int, list[Cursor]] | None]:
         """``(a state the core loader checks, the history to adopt or None for a re-phase)``.
 
         The same blend: the state as it is, and its history. Another blend: every component
@@ -222,16 +230,13 @@ class MixtureLoader(BatchNativeLoader):
             if not isinstance(history, dict) or not isinstance(history.get("positions"), dict):
                 raise StateError(f"{self.source.path}: the state's mixture history is invalid")
             step = _count(history.get("step"), "history step")
-            positions = [
-                _count(history["positions"].get(n, 0), f"history position of {n!r}")
-                for n in self.source.mixture.names
-            ]
+            positions = [_cursor(history["positions"].get(n, [0, 0]), n) for n in self.names]
             return state, (step, positions)
         saved = mix.get("positions")
         if not isinstance(saved, dict):
             raise StateError(f"{self.source.path}: the state's component positions are invalid")
         for name, value in saved.items():
-            _count(value, f"position of {name!r}")
+            _cursor(value, name)
         if state.get("num_workers", 1) != 1:
             raise StateError("a worker's state cannot resume a changed mixture")
         translated = dict(state)
@@ -245,6 +250,13 @@ class MixtureLoader(BatchNativeLoader):
         translated["epoch"], translated["step"] = divmod(step, n) if n else (0, 0)
         translated["origin"] = 0
         return translated, None
+
+
+def _cursor(value: object, name: str) -> Cursor:
+    """A component's ``[epoch, sample]`` cursor from a state, checked."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise StateError(f"state position of component {name!r} is not [epoch, sample]")
+    return _count(value[0], f"epoch of {name!r}"), _count(value[1], f"sample of {name!r}")
 
 
 def _count(value: object, what: str) -> int:

@@ -58,7 +58,7 @@ from .loader import (
     Position,
 )
 from .mixture import Mixture
-from .mixture_loader import is_mixture, open_mixture
+from .mixture_loader import MixtureLoader, is_mixture, open_mixture
 from .slicing import Slicing
 from .sources import BatchSource, open_reader
 
@@ -205,6 +205,7 @@ class BatchStream(Closing, Generic[T]):
             raise
         self.dtype: OutputDType = dtype
         self._pass: _Pass[T] | None = None
+        self._served: Position | None = None  # the step of the last item delivered
 
     @classmethod
     def from_loader(cls: type[S], loader: BatchNativeLoader, *, prefetch: int = 0) -> S:
@@ -218,7 +219,7 @@ class BatchStream(Closing, Generic[T]):
         stream = cls.__new__(cls)
         stream.prefetch = int_arg("prefetch", prefetch, 0)
         stream.loader, stream.dtype = loader, loader.dtype
-        stream._owns_reader, stream._pass = False, None
+        stream._owns_reader, stream._pass, stream._served = False, None, None
         return stream
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -345,12 +346,40 @@ class BatchStream(Closing, Generic[T]):
         stage = self._stage() if self.prefetch else None
         if produced is None and stage is None:
             # Nothing ahead of the loop: the loader's cursor is the delivered cursor.
+            if isinstance(self.loader, MixtureLoader):
+                return self._tracked(map(convert, self.loader))
             return map(convert, self.loader)
         if produced is None:
             produced = map(convert, self.loader)
         current = _Pass(self, produced, stage)
         self._pass = current
         return current.deliver()
+
+    def _tracked(self, items: Iterator[T]) -> Iterator[T]:
+        """``items`` as they come, each one's step noted for ``last_component``."""
+        loader = self.loader
+        while True:
+            step = loader.after(loader.position, 0)
+            item = next(items, _DONE)
+            if item is _DONE:
+                return
+            self._served = step
+            yield item  # type: ignore[misc]
+
+    @property
+    def last_component(self) -> str | None:
+        """The name of the mixture component the last delivered item came from (``None`` for
+        a source that is not a mixture, or before the first item): for a loss per source."""
+        if self._served is None or not isinstance(self.loader, MixtureLoader):
+            return None
+        return self.loader.component_at(self._served)
+
+    def component_at(self, epoch: int, step: int) -> str:
+        """The name of the mixture component serving ``step`` of ``epoch`` (what a training
+        loop fed by worker processes counts its way to); ``ValueError`` if not a mixture."""
+        if not isinstance(self.loader, MixtureLoader):
+            raise ValueError(f"{self.loader.source.path} is not a mixture")
+        return self.loader.component_at(Position(epoch, step))
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (a no-op if it is the current epoch of delivered items)."""
@@ -420,7 +449,7 @@ class _Pass(Generic[T]):
         self.position = stream.loader.position
         counted = self._counted(produced, stream.loader, self.position)
         depth = stream.prefetch
-        self._ahead: Iterator[tuple[T, Position]]
+        self._ahead: Iterator[tuple[T, Position, Position]]
         if stage == "thread":
             self._ahead = Prefetcher(counted, depth)
         elif stage == "caller":
@@ -430,19 +459,22 @@ class _Pass(Generic[T]):
 
     def _counted(
         self, produced: Iterator[T], loader: BatchNativeLoader, start: Position
-    ) -> Iterator[tuple[T, Position]]:
+    ) -> Iterator[tuple[T, Position, Position]]:
         transfer = self.stream._transfer
         position = start
+        tracked = isinstance(loader, MixtureLoader)  # a mixture notes each item's step
         for item in produced:
+            served = loader.after(position, 0) if tracked else position
             position = loader.after(position)
-            yield transfer(item), position
+            yield transfer(item), position, served
 
     def deliver(self) -> Iterator[T]:
         stream = self.stream
-        for item, position in self._ahead:
+        for item, position, served in self._ahead:
             if stream._pass is not self:
                 return  # the cursor was moved from outside, or a new pass began
             self.position = position
+            stream._served = served
             yield item
         if stream._pass is self:  # the pass ended: the cursor moves on to the next epoch
             stream._pass = None
