@@ -13,7 +13,6 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import pytest
 from zerobatch_spec import HEADER_SIZE, padded_batch_bytes, raw_batch_bytes
 
 from tests.helpers import expected_batches, records
+from tests.unit.conftest import Run
 from zerobatch_core import (
     BatchFileReader,
     MissingDependencyError,
@@ -31,26 +31,6 @@ from zerobatch_core.cli import EXIT_CODES, build_parser, flag_message, inspect_v
 from zerobatch_core.tokenization.protocol import import_optional
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-@dataclass
-class Run:
-    status: int
-    out: str
-    err: str
-
-
-@pytest.fixture
-def run(capsys: pytest.CaptureFixture[str]) -> Callable[..., Run]:
-    """``run(*argv)``: the exit status of ``zerobatch argv`` and what it printed."""
-
-    def go(*argv: object) -> Run:
-        capsys.readouterr()
-        status = main([str(a) for a in argv])
-        captured = capsys.readouterr()
-        return Run(status, captured.out, captured.err)
-
-    return go
 
 
 def one_line_error(r: Run) -> str:

@@ -18,10 +18,11 @@ from zerobatch_spec.dataset import CHECKSUM_ALGORITHM, MANIFEST_FORMAT, MANIFEST
 
 from ..datasets.dataset import DatasetError, DatasetReader
 from ..datasets.validation import DatasetReport, validate_dataset
+from ..delivery.mixture import is_mixture_file
 from ..errors import FormatError
 from ..files.reader import BatchFileReader
 from ..files.validation import validate_file
-from . import inspect_validate_remote
+from . import inspect_validate_remote, mixture
 from .common import EXIT_INVALID, EXIT_OK, dataset_directory, plural, print_table, report_invalid
 
 DTYPE_NAMES: Mapping[int, str] = {DTYPE_UINT32: TOKEN_DTYPE.name}
@@ -84,6 +85,8 @@ def _inspect_dataset(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if is_mixture_file(args.file):
+        return mixture.inspect(args)
     if inspect_validate_remote.handles(args.file):  # a URL, or a live dataset
         return inspect_validate_remote.inspect(args)
     if os.path.isdir(args.file):
@@ -135,6 +138,8 @@ def _print_dataset_report(report: DatasetReport) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if is_mixture_file(args.file):
+        return mixture.validate(args, cmd_validate)
     if inspect_validate_remote.handles(args.file):  # a URL, or a live dataset
         return inspect_validate_remote.validate(args)
     if os.path.isdir(args.file):
@@ -174,7 +179,8 @@ def register(sub: Any) -> None:
         "size and checksum algorithm (--json adds every shard and source); only the manifest "
         "is read.\n\n"
         "PATH may also be a URL (s3://, gs://, az://, http(s)://, file://) of a file or a "
-        "dataset, or a live dataset (URL or directory).",
+        "dataset, a live dataset (URL or directory), or a mixture file (JSON): its blend and "
+        "each component's shape.",
         epilog="examples:\n"
         "  zerobatch inspect train.batch\n"
         "  zerobatch inspect train.batch --json\n"
@@ -200,7 +206,8 @@ def register(sub: Any) -> None:
         "Every failure is listed with its shard and slot.\n\n"
         "PATH may also be a URL (s3://, gs://, az://, http(s)://, file://) of a file or a "
         "dataset, or a live dataset: every object against the manifest and, with --deep, "
-        "every slot's checksum.",
+        "every slot's checksum. A mixture file (JSON): every component as above, then that "
+        "they fit together.",
         epilog="examples:\n"
         "  zerobatch validate train.batch\n"
         "  zerobatch validate train.batch --deep --json\n"

@@ -140,8 +140,14 @@ def register(sub: Any) -> None:
         epilog="examples:\n"
         "  zerobatch trace data/train --step 1200\n"
         "  zerobatch trace data/train --step 1200 --epoch 2 --rank 3 --of 8 --json\n"
-        "  zerobatch trace data/train --step 7 --context-rank 1 --context-size 2 --zigzag",
+        "  zerobatch trace data/train --step 7 --context-rank 1 --context-size 2 --zigzag\n"
+        "  zerobatch trace blend.json --step 90000",
     )
-    p.add_argument("path", metavar="DATASET", help="a dataset directory or an LLMBATCH file")
+    p.add_argument(
+        "path",
+        metavar="DATASET",
+        help="a dataset directory, an LLMBATCH file, or a mixture file (the step's component "
+        "first, then that component's own step)",
+    )
     _add_trace_options(p)
     p.set_defaults(func=cmd_trace)

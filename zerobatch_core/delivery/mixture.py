@@ -431,6 +431,10 @@ class MixtureSource:
         self.schedule = MixtureSchedule(moved)
         self.history = _History(step, [(int(e), int(o)) for e, o in positions])
 
+    def component(self, i: int) -> BatchSource:
+        """Component ``i``'s reader (opened at its first use)."""
+        return self._component(i).reader
+
     def component_name(self, step: int) -> str:
         """The name of the component serving global ``step``."""
         return self.mixture.names[self.at(step)[0]]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any
 
@@ -38,7 +38,9 @@ from ..arguments import int_arg
 from ..datasets.dataset import DatasetReader, open_source
 from ..errors import ZeroBatchError
 from ..files.reader import BatchFileReader
-from .loader import DEFAULT_BLOCK_SIZE, BatchNativeLoader
+from .loader import DEFAULT_BLOCK_SIZE, BatchNativeLoader, Position
+from .mixture import Mixture
+from .mixture_loader import MixtureLike, MixtureLoader, is_mixture, open_mixture
 
 DEFAULT_MAX_ROWS = 1 << 16
 """Rows a trace accounts for at most by default: each costs one permutation evaluation and one
@@ -127,10 +129,15 @@ class StepTrace:
     next_token: bool
     columns: tuple[tuple[int, int], ...]
     pieces: tuple[TracePiece, ...]
+    component: MixtureStep | None = None
+    """For a mixture: the component serving the step, and the step of its own that it is
+    (``path`` to ``pieces`` then describe that component's step)."""
 
     @property
     def global_step(self) -> int:
         """``epoch * steps_per_epoch + step``: the numbering ``skip_steps`` uses."""
+        if self.component is not None:
+            return self.component.global_step
         return self.epoch * self.steps_per_epoch + self.step
 
     def as_dict(self) -> dict[str, Any]:
@@ -153,6 +160,7 @@ class StepTrace:
             "next_token": self.next_token,
             "columns": [list(c) for c in self.columns],
             "pieces": [p.as_dict() for p in self.pieces],
+            "mixture": None if self.component is None else self.component.as_dict(),
         }
 
     def lines(self) -> list[str]:
@@ -161,9 +169,11 @@ class StepTrace:
             "shuffled" if self.shuffle else "storage order"
         )
         cols = ", ".join(f"[{lo}, {hi})" for lo, hi in self.columns)
-        out = [
+        out = [] if self.component is None else self.component.lines()
+        out += [
             f"{self.path}: epoch {self.epoch}, step {self.step} of {self.steps_per_epoch} "
-            f"(global step {self.global_step}), global batch {self.global_batch_size}",
+            f"(global step {self.epoch * self.steps_per_epoch + self.step}), "
+            f"global batch {self.global_batch_size}",
             f"  order: {order}",
             f"  rank {self.rank} of {self.world_size}, context rank {self.context_rank} of "
             f"{self.context_size}{' (zig-zag)' if self.zigzag else ''}: token columns {cols}"
@@ -182,6 +192,39 @@ class StepTrace:
                     line += f" = {o.file} record {o.file_record}"
                 out.append(line)
         return out
+
+
+@dataclass(frozen=True)
+class MixtureStep:
+    """A mixture's step: which component serves it, and where that component stands."""
+
+    path: str
+    epoch: int
+    step: int
+    global_step: int
+    name: str
+    index: int
+    component_epoch: int
+    component_step: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "epoch": self.epoch,
+            "step": self.step,
+            "global_step": self.global_step,
+            "component": self.name,
+            "component_index": self.index,
+            "component_epoch": self.component_epoch,
+            "component_step": self.component_step,
+        }
+
+    def lines(self) -> list[str]:
+        return [
+            f"{self.path}: epoch {self.epoch}, step {self.step} (global step "
+            f"{self.global_step}) serves component {self.name!r}: its epoch "
+            f"{self.component_epoch}, step {self.component_step}"
+        ]
 
 
 class _Sources:
@@ -225,7 +268,7 @@ def _origins(
 
 
 def trace_step(
-    source: str | os.PathLike[str] | BatchFileReader | DatasetReader,
+    source: str | os.PathLike[str] | BatchFileReader | DatasetReader | Mixture,
     step: int,
     *,
     epoch: int = 0,
@@ -255,6 +298,23 @@ def trace_step(
     >>> [(p.shard, p.slot, p.rows) for p in trace.pieces]  # doctest: +SKIP
     [('shard-00004.batch', 17, (16, 32))]
     """
+    if isinstance(source, Mixture) or is_mixture(source):
+        return _trace_mixture(
+            source,
+            step,
+            epoch=epoch,
+            block_size=block_size,
+            seed=seed,
+            shuffle=shuffle,
+            global_batch_size=global_batch_size,
+            rank=rank,
+            world_size=world_size,
+            context_rank=context_rank,
+            context_size=context_size,
+            zigzag=zigzag,
+            next_token=next_token,
+            max_rows=max_rows,
+        )
     reader: BatchFileReader | DatasetReader
     if isinstance(source, (BatchFileReader, DatasetReader)):
         reader, opened = source, False
@@ -327,4 +387,63 @@ def trace_step(
             reader.close()
 
 
-__all__ = ["RowOrigin", "StepTrace", "TraceError", "TracePiece", "trace_step"]
+def _trace_mixture(
+    source: MixtureLike, step: int, *, epoch: int, global_batch_size: int | None, **kw: Any
+) -> StepTrace:
+    """A mixture's step: its component (section 21), then that component's own step traced."""
+    mixture, owned = open_mixture(source, global_batch_size=global_batch_size, seed=kw["seed"])
+    try:
+        loader = MixtureLoader(
+            mixture,
+            epoch=epoch,
+            block_size=kw["block_size"],
+            seed=kw["seed"],
+            shuffle=kw["shuffle"],
+            rank=kw["rank"],
+            world_size=kw["world_size"],
+            context_rank=kw["context_rank"],
+            context_size=kw["context_size"],
+            zigzag=kw["zigzag"],
+            next_token=kw["next_token"],
+        )
+        step = int_arg("step", step, 0)
+        if step >= loader.steps_per_epoch:
+            raise IndexError(
+                f"{mixture.path}: step must be in [0, {loader.steps_per_epoch}), the mixture's "
+                f"steps per epoch; got {step}"
+            )
+        g = loader.global_step(Position(loader.epoch, step))
+        index, (component_epoch, sample) = mixture.at(g)
+        opened = mixture.component(index)
+        component_step = sample // mixture.global_batch_size
+        name = mixture.mixture.names[index]
+        if not isinstance(opened, (BatchFileReader, DatasetReader)):
+            raise TraceError(
+                f"{mixture.path}: step {step} of epoch {loader.epoch} serves component {name!r}, "
+                f"its epoch {component_epoch}, step {component_step}; {opened.path} is not a "
+                "local file or dataset, which a trace reads"
+            )
+        trace = trace_step(
+            opened,
+            component_step,
+            epoch=component_epoch,
+            global_batch_size=mixture.global_batch_size,
+            **{**kw, "seed": mixture.component_seed},
+        )
+        where = MixtureStep(
+            mixture.path,
+            loader.epoch,
+            step,
+            g,
+            name,
+            index,
+            component_epoch,
+            component_step,
+        )
+        return replace(trace, component=where)
+    finally:
+        if owned:
+            mixture.close()
+
+
+__all__ = ["MixtureStep", "RowOrigin", "StepTrace", "TraceError", "TracePiece", "trace_step"]
