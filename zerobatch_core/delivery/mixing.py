@@ -146,6 +146,25 @@ class MixtureSchedule:
         i, count = self._plan(k).at(step - self.phases[k].start)
         return i, self._base(k)[i] + count
 
+    def between(self, first: int, stop: int) -> npt.NDArray[np.int64]:
+        """The component of every global step ``first..stop``, as one array (a lookup into the
+        period for short-period phases, ``at`` step by step otherwise)."""
+        out = np.empty(max(0, stop - first), dtype=np.int64)
+        step = first
+        while step < stop:
+            k = phase_at(self.phases, step)
+            end = stop if k + 1 == len(self.phases) else min(stop, self.phases[k + 1].start)
+            plan, start = self._plan(k), self.phases[k].start
+            if isinstance(plan, _Periodic):
+                offset = (step - start) % plan.period  # steps may exceed int64
+                local = (np.arange(end - step, dtype=np.int64) + offset) % plan.period
+                out[step - first : end - first] = plan.sequence[local]
+            else:
+                for s in range(step, end):
+                    out[s - first] = plan.at(s - start)[0]
+            step = end
+        return out
+
     def positions(self, step: int) -> list[int]:
         """Every component's position at global ``step`` (the batches it served before)."""
         k = phase_at(self.phases, step)

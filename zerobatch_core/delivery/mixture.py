@@ -31,9 +31,10 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -247,25 +248,29 @@ class _StepOrder(BlockOrder):
 
 
 class _Cursor:
-    """A component's stored-batch index at serving positions, read forward cheaply."""
+    """A component's stored-batch index at serving positions, read forward cheaply: the next
+    position costs one step of the order's iterator, the same position again nothing."""
 
     def __init__(self, order: Order) -> None:
         self.order = order
         self.epoch = -1
-        self.next = 0
-        self.last: tuple[int, int, int] | None = None  # (epoch, position, index)
-        self.indices: Iterator[int] | None = None
+        self.next = 0  # the position the iterator gives next
+        self.last = -1  # the index at position next - 1
+        self.indices: Iterator[int] = iter(())
 
     def index(self, epoch: int, position: int) -> int:
-        if self.last is not None and self.last[:2] == (epoch, position):
-            return self.last[2]
-        if self.indices is None or epoch != self.epoch or position != self.next:
-            self.indices = self.order.indices(epoch, position)
-            self.epoch = epoch
-        index = next(self.indices)
+        if epoch == self.epoch:
+            if position == self.next:
+                self.last = next(self.indices)
+                self.next = position + 1
+                return self.last
+            if position == self.next - 1:
+                return self.last
+        self.indices = self.order.indices(epoch, position)
+        self.epoch = epoch
+        self.last = next(self.indices)
         self.next = position + 1
-        self.last = (epoch, position, index)
-        return index
+        return self.last
 
 
 class _Opened:
@@ -288,6 +293,19 @@ class _Opened:
             return epoch, offset + count * g
         more, left = divmod(count - first, self.samples // g)
         return epoch + 1 + more, left * g
+
+
+PLAN_STEPS = 256
+"""Global steps planned at once (``MixtureSource._block``)."""
+PLANNED_BLOCKS = 4
+"""Planned blocks kept: the loader's, its read-ahead's and a prefetching stage's."""
+
+
+class _Block(NamedTuple):
+    readers: list[BatchSource | None]
+    indices: list[int]
+    rows: list[int]
+    views: list[U32Array | None]  # the stored batch itself, for a component of local files
 
 
 Cursor = tuple[int, int]
@@ -330,6 +348,9 @@ class MixtureSource:
         self._order_args = (1, True)
         self._closed = False
         self._lock = threading.Lock()
+        self._blocks: OrderedDict[int, _Block] = OrderedDict()
+        self._plan_lock = threading.Lock()
+        self._last: tuple[int, _Block] = (-1, _Block([], [], [], []))  # the block read last
         g = global_batch_size or mixture.global_batch_size
         self.history = _History(0, [(0, 0)] * len(mixture.components))
         self.schedule = MixtureSchedule(mixture.phases)
@@ -430,6 +451,13 @@ class MixtureSource:
         moved += [Phase(p.start - step, p.weights) for p in phases[k + 1 :]]
         self.schedule = MixtureSchedule(moved)
         self.history = _History(step, [(int(e), int(o)) for e, o in positions])
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop planned blocks (the schedule or the components' orders changed)."""
+        with self._plan_lock:
+            self._blocks.clear()
+            self._last = (-1, _Block([], [], [], []))
 
     def component(self, i: int) -> BatchSource:
         """Component ``i``'s reader (opened at its first use)."""
@@ -472,6 +500,7 @@ class MixtureSource:
                 own = r.seed if self.component_seed is None else self.component_seed
                 order = r.order(block_size, own, shuffle)
                 self._opened[i] = _Opened(opened.name, r, opened.owned, order)
+            self._forget()
         return _StepOrder(self.steps, max(1, block_size), 0, False)
 
     def identity(self) -> dict[str, Any]:
@@ -501,11 +530,74 @@ class MixtureSource:
             yield opened, index, row, row + take
             sample += take
 
+    def _block(self, number: int) -> _Block:
+        """Steps ``number * PLAN_STEPS`` on, planned at once: each step's component reader,
+        stored index and first row, where the step's global batch lies in one stored batch of
+        a component already open (``None``: read it piece by piece, opening the component).
+        A step then costs a lookup, not the schedule; components still open one by one."""
+        with self._plan_lock:
+            found = self._blocks.get(number)
+            if found is not None:
+                self._blocks.move_to_end(number)
+                self._last = (number, found)
+                return found
+            h, g = self.history, self.global_batch_size
+            first = max(number * PLAN_STEPS, h.step)
+            stop = (number + 1) * PLAN_STEPS
+            readers: list[BatchSource | None] = [None] * PLAN_STEPS
+            views: list[U32Array | None] = [None] * PLAN_STEPS
+            indices, rows = [0] * PLAN_STEPS, [0] * PLAN_STEPS
+            served = self.schedule.between(first - h.step, stop - h.step)
+            counts = self.schedule.positions(first - h.step)
+            for i in np.unique(served).tolist():
+                if i not in self._opened:
+                    continue  # opened at its first step; planned from the next block on
+                opened = self._component(i)
+                reader, b, samples = opened.reader, opened.reader.batch_size, opened.samples
+                epoch, offset = opened.advance(h.positions[i], counts[i], g)
+                with opened.lock:
+                    for j in (np.flatnonzero(served == i) + first - number * PLAN_STEPS).tolist():
+                        if offset + g > samples:
+                            epoch, offset = epoch + 1, 0
+                        position, row = divmod(offset, b)
+                        if row + g <= b:
+                            readers[j] = reader
+                            indices[j] = opened.cursor.index(epoch, position)
+                            rows[j] = row
+                            if not reader.fetches:
+                                views[j] = _view(reader, indices[j])
+                        offset += g
+            block = _Block(readers, indices, rows, views)
+            self._blocks[number] = block
+            while len(self._blocks) > PLANNED_BLOCKS:
+                self._blocks.popitem(last=False)
+            self._last = (number, block)
+            return block
+
+    def _planned(self, step: int) -> tuple[BatchSource | None, int, int]:
+        """``(reader, stored index, first row)`` of global ``step`` if its global batch lies
+        in one stored batch, else ``(None, 0, 0)``."""
+        number, j = divmod(step, PLAN_STEPS)
+        last = self._last  # one read, no lock: a step of the block read last costs a lookup
+        block = last[1] if last[0] == number else self._block(number)
+        return block.readers[j], block.indices[j], block.rows[j]
+
     def read_region(self, index: int, r0: int, r1: int, lo: int, hi: int) -> U32Array:
         """Rows ``r0..r1``, columns ``lo..hi`` of global step ``index``'s batch: a view of the
         component's stored batch where the rows lie in one, else their concatenation."""
         if self._closed:
             raise ValueError(f"{self.path}: reader is closed")
+        number, j = divmod(index, PLAN_STEPS)
+        last = self._last
+        block = last[1] if last[0] == number else self._block(number)
+        view = block.views[j]
+        if view is not None:  # a local stored batch: one slice of its view
+            row = block.rows[j]
+            return view[row + r0 : row + r1, lo:hi]
+        reader = block.readers[j]
+        if reader is not None:
+            row = block.rows[j]
+            return reader.read_region(block.indices[j], row + r0, row + r1, lo, hi)
         parts = [
             o.reader.read_region(k, a, b, lo, hi) for o, k, a, b in self._pieces(index, r0, r1)
         ]
@@ -521,22 +613,39 @@ class MixtureSource:
     def slot_file(self, index: int) -> Any:
         """The component's file and slot when global step ``index`` is one whole stored batch
         of a component read from local files, else ``None``."""
-        pieces = list(self._pieces(index, 0, self.global_batch_size))
-        if len(pieces) != 1:
+        reader, k, row = self._planned(index)
+        if reader is None or row != 0 or reader.batch_size != self.global_batch_size:
             return None
-        opened, k, a, b = pieces[0]
-        if (a, b) != (0, opened.reader.batch_size):
-            return None
-        return opened.reader.slot_file(k)
+        return reader.slot_file(k)
 
     def read_ahead(self, start: int, stop: int) -> None:
-        """Have the stored batches of steps ``start..stop`` read in the background."""
-        for step in range(start, min(stop, self.steps)):
-            for opened, k, _, _ in self._pieces(step, 0, self.global_batch_size):
-                opened.reader.read_ahead(k, k + 1)
+        """Have the stored batches of steps ``start..stop`` read in the background, one
+        request per run of consecutive stored batches of a component."""
+        runs: dict[int, list[list[Any]]] = {}
+        step, stop = start, min(stop, self.steps)
+        while step < stop:
+            number, j = divmod(step, PLAN_STEPS)
+            block = self._block(number)
+            end = min(PLAN_STEPS, j + stop - step)
+            for reader, k in zip(block.readers[j:end], block.indices[j:end], strict=True):
+                if reader is None:
+                    continue
+                mine = runs.setdefault(id(reader), [])
+                if mine and mine[-1][2] == k:
+                    mine[-1][2] = k + 1
+                elif not mine or mine[-1][2] - 1 != k:
+                    mine.append([reader, k, k + 1])
+            step += end - j
+        for mine in runs.values():
+            for reader, a, b in mine:
+                reader.read_ahead(a, b)
 
     def check_size(self, index: int = 0) -> None:
-        """Each opened component's check for the stored batch of step ``index``."""
+        """The check of the component file holding global step ``index``'s batch."""
+        reader, k, _ = self._planned(index)
+        if reader is not None:
+            reader.check_size(k)
+            return
         for opened, k, _, _ in self._pieces(index, 0, self.global_batch_size):
             opened.reader.check_size(k)
 
@@ -590,3 +699,12 @@ def _reopen(
     if step or any(positions):
         source.rephase(step, positions)
     return source
+
+
+def _view(reader: BatchSource, index: int) -> U32Array | None:
+    """Stored batch ``index`` of a local component as its view, or ``None`` if reading it
+    fails (its step then reads it through the reader, which raises at that step, not before)."""
+    try:
+        return reader.read_batch(index)
+    except (ZeroBatchError, OSError, ValueError):
+        return None
