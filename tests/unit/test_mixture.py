@@ -276,3 +276,22 @@ def test_mixture_files_and_bad_mixtures(sources: dict[str, Path], tmp_path: Path
     small = Mixture([("f", sources["file"], 1)], global_batch_size=64)
     with pytest.raises(MixtureError, match="fewer than one global batch"):
         next(iter(BatchNativeLoader(small)))
+
+
+def test_a_live_dataset_component_serves_in_commit_order(
+    sources: dict[str, Path], tmp_path: Path
+) -> None:
+    from zerobatch_core.live import LiveProducer
+
+    live = str(tmp_path / "live")
+    with LiveProducer(live, "p-0", batch_size=G, seq_len=T, cadence=1) as producer:
+        for i in range(6):
+            producer.append(records(G, T) + 40_000 + 1000 * i)
+    mix = Mixture([("f", sources["file"], 1), ("live", live, 1)], global_batch_size=G)
+    loader = MixtureLoader(mix)
+    served = serve(loader, 10)
+    live_rows = [b for n, b in served if n == "live"]
+    assert len(live_rows) == 5
+    for i, batch in enumerate(live_rows):  # the live component's own order: commit order
+        np.testing.assert_array_equal(batch, records(G, T) + 40_000 + 1000 * i)
+    loader.source.close()
