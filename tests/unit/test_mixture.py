@@ -295,3 +295,27 @@ def test_a_live_dataset_component_serves_in_commit_order(
     for i, batch in enumerate(live_rows):  # the live component's own order: commit order
         np.testing.assert_array_equal(batch, records(G, T) + 40_000 + 1000 * i)
     loader.source.close()
+
+
+def test_a_state_resumes_on_another_world_size_and_context_layout(
+    sources: dict[str, Path],
+) -> None:
+    mix = Mixture([("f", sources["file"], 0.6), ("d", sources["ds"], 0.4)], global_batch_size=G)
+    whole = MixtureLoader(mix)
+    it = iter(whole)
+    for _ in range(9):
+        next(it)
+    state = whole.state_dict()
+    rest = [np.array(a) for _, a in zip(range(6), it, strict=False)]
+    chunk = T // 4
+    for dp in range(2):
+        for cp in range(2):
+            rank = MixtureLoader(
+                mix, rank=dp, world_size=2, context_rank=cp, context_size=2, zigzag=True
+            )
+            rank.load_state_dict(state)
+            assert rank.global_step() == 9
+            cols = np.r_[cp * chunk : (cp + 1) * chunk, (3 - cp) * chunk : (4 - cp) * chunk]
+            got = [np.array(a) for _, a in zip(range(6), rank, strict=False)]
+            for a, want in zip(got, rest, strict=True):
+                np.testing.assert_array_equal(a, want[dp * G // 2 : (dp + 1) * G // 2][:, cols])
