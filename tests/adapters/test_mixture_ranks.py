@@ -11,7 +11,6 @@ loop names each batch's component by its step (``component_at``).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tests.adapters.test_distributed import child_env, free_port, results
-from tests.adapters.test_torchrun import torchrun
+from tests.adapters.test_torchrun import launch
 from tests.helpers import records, require
 from zerobatch_core import write_batch_file
 from zerobatch_core.datasets.build import write_sharded_dataset
@@ -103,24 +102,7 @@ def test_two_torchrun_processes_rebuild_each_steps_component_batch(tmp_path: Pat
     path = write_mixture(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    command = [
-        *torchrun(),
-        "--nnodes=1",
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
-        "--max_restarts=0",
-        __file__,
-        "torchrun",
-        str(path),
-        str(out),
-    ]
-    proc = subprocess.run(
-        command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=240, check=False
-    )
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    launch(__file__, "torchrun", path, out)
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     names = reports[0]["names"]
     assert names[6:].count("code") > names[:6].count("code")  # the second phase

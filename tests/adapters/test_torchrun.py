@@ -134,12 +134,9 @@ def torchrun() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
 
 
-def test_two_torchrun_processes_reassemble_every_global_batch(tmp_path: Path) -> None:
-    require("torch")
-    path = tmp_path / "ranks.batch"
-    write_batch_file(path, records(B * N, T), batch_size=B, seed=11)
-    out = tmp_path / "out"
-    out.mkdir()
+def launch(script: str, *args: object) -> None:
+    """Run ``script args`` in two processes under ``torchrun`` (loopback, gloo); fail the test
+    with their output if either fails."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     command = [
@@ -149,14 +146,22 @@ def test_two_torchrun_processes_reassemble_every_global_batch(tmp_path: Path) ->
         "--master_addr=127.0.0.1",
         f"--master_port={free_port()}",
         "--max_restarts=0",
-        __file__,
-        str(path),
-        str(out),
+        script,
+        *map(str, args),
     ]
     proc = subprocess.run(
         command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=240, check=False
     )
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
+def test_two_torchrun_processes_reassemble_every_global_batch(tmp_path: Path) -> None:
+    require("torch")
+    path = tmp_path / "ranks.batch"
+    write_batch_file(path, records(B * N, T), batch_size=B, seed=11)
+    out = tmp_path / "out"
+    out.mkdir()
+    launch(__file__, path, out)
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["rank"] for r in reports] == [0, 1]
     per_rows = (B // 2) * T * TOKEN_BYTES  # half the rows; 16 inputs + 1 label token each

@@ -10,22 +10,17 @@ module docstring lists what may change).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
 from typing import Any, TypeGuard
 
 from ..datasets.dataset import Verify
 from ..datasets.remote import RemoteVerify
 from ..errors import StateError
 from .loader import (
-    DEFAULT_BLOCK_SIZE,
     BatchNativeLoader,
-    LabelDType,
-    OutputDType,
     Position,
     register_loader_kind,
 )
 from .mixture import Cursor, Mixture, MixtureSource, is_mixture_file, load_mixture
-from .slicing import Slicing
 
 MixtureLike = Mixture | MixtureSource | str | os.PathLike[str]
 
@@ -54,7 +49,8 @@ def open_mixture(
 class MixtureLoader(BatchNativeLoader):
     """``BatchNativeLoader`` over a mixture (a ``Mixture``, a mixture file or its source).
 
-    The arguments are the core loader's. ``global_batch_size`` sets the mixture's global batch
+    The arguments are the core loader's (``options`` are passed to it as they are).
+    ``global_batch_size`` sets the mixture's global batch
     (by default the mixture's, else its components' stored batch size); ``block_size`` and
     ``shuffle`` are every component's, and so is ``seed`` when given (each component keeps its
     own seed otherwise).
@@ -66,23 +62,10 @@ class MixtureLoader(BatchNativeLoader):
         self,
         path: MixtureLike,
         *,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        shuffle: bool = True,
         seed: int | None = None,
-        epoch: int = 0,
-        dtype: OutputDType = "uint32",
-        next_token: bool = False,
-        rank: int = 0,
-        world_size: int = 1,
-        bos_id: int | None = None,
-        context_rank: int = 0,
-        context_size: int = 1,
-        zigzag: bool = False,
         global_batch_size: int | None = None,
-        skip_steps: Iterable[Sequence[int]] = (),
-        slicing: Slicing | None = None,
         verify: Verify | RemoteVerify | None = None,
-        label_dtype: LabelDType = "int64",
+        **options: Any,
     ) -> None:
         source, owned = open_mixture(
             path, global_batch_size=global_batch_size, seed=seed, verify=verify
@@ -93,24 +76,7 @@ class MixtureLoader(BatchNativeLoader):
                 f"{source.global_batch_size}, not {global_batch_size}"
             )
         try:
-            super().__init__(
-                source,
-                block_size=block_size,
-                shuffle=shuffle,
-                seed=seed,
-                epoch=epoch,
-                dtype=dtype,
-                next_token=next_token,
-                rank=rank,
-                world_size=world_size,
-                bos_id=bos_id,
-                context_rank=context_rank,
-                context_size=context_size,
-                zigzag=zigzag,
-                skip_steps=skip_steps,
-                slicing=slicing,
-                label_dtype=label_dtype,
-            )
+            super().__init__(source, seed=seed, **options)
         except BaseException:
             if owned:
                 source.close()
