@@ -555,13 +555,15 @@ def test_a_negative_token_in_the_dropped_remainder_is_refused(tmp_path: Path, dt
 def test_a_failed_stream_drops_the_io_not_yet_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Two blocks placed directly (10 of a 40-record stage): the first one's write is slow, the
-    # second's is queued behind it when the stream fails, and is skipped, never written (the
-    # first runs to its end if the I/O thread had started it, else it is skipped too).
+    # Two blocks placed directly (10 of a 40-record stage): the first one's write is slow and
+    # has started when the stream fails, the second's is queued behind it and is skipped, never
+    # written; the first runs to its end before the file is closed.
     written: list[int] = []
+    started = threading.Event()
     write_pieces = writer_module._WindowedOutput._write_pieces
 
     def slow(self: Any, packed: np.ndarray, firsts: list[int], offsets: list[int]) -> None:
+        started.set()
         time.sleep(1.0)
         written.append(packed.shape[0])
         write_pieces(self, packed, firsts, offsets)
@@ -570,12 +572,13 @@ def test_a_failed_stream_drops_the_io_not_yet_started(
         src = records(40, 4)
         yield src[:10]
         yield src[10:20]
+        assert started.wait(5)
         raise RuntimeError("the source failed")
 
     monkeypatch.setattr(writer_module._WindowedOutput, "_write_pieces", slow)
     with pytest.raises(RuntimeError, match="the source failed"):
         write_batch_dataset(tmp_path / "x.batch", failing(), 40, 4, 4, seed=3)
-    assert written in ([], [10])
+    assert written == [10]
     assert os.listdir(tmp_path) == []
 
 

@@ -122,3 +122,27 @@ def test_a_ctrl_c_during_close_waits_for_the_running_job_then_is_raised() -> Non
         finally:
             sys.settrace(None)
     assert done == [1] and not io._thread.is_alive()  # the write ended before close returned
+
+
+def test_submit_waits_while_depth_jobs_are_in_flight() -> None:
+    """At most ``depth`` jobs are queued or running: the writer's memory in flight is bounded."""
+    io = _IOThread(depth=2)
+    gates = [threading.Event() for _ in range(3)]
+    submitted: list[int] = []
+
+    def submit_all() -> None:
+        for i, gate in enumerate(gates):
+            io.submit(gate.wait, 5)
+            submitted.append(i)
+
+    feeder = threading.Thread(target=submit_all)
+    feeder.start()
+    time.sleep(0.2)
+    assert submitted == [0, 1]  # the third waits for a job to finish
+    gates[0].set()
+    feeder.join(5)
+    assert submitted == [0, 1, 2]
+    for gate in gates:
+        gate.set()
+    io.wait()
+    io.close()
