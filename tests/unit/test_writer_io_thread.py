@@ -8,9 +8,12 @@ that ``close`` then ends the thread within seconds.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -146,3 +149,36 @@ def test_submit_waits_while_depth_jobs_are_in_flight() -> None:
         gate.set()
     io.wait()
     io.close()
+
+
+INTERRUPTED_START = """
+import threading, numpy as np
+from zerobatch_core import write_batch_dataset
+
+start = threading.Thread.start
+
+def interrupted(self):  # Ctrl-C inside Thread.start, once the thread runs
+    start(self)
+    if self.name == "zerobatch-writer":
+        raise KeyboardInterrupt
+
+threading.Thread.start = interrupted
+try:
+    write_batch_dataset(OUT, iter([np.zeros((64, 8), np.uint32)]), 64, 4, 8)
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_an_interrupt_inside_the_threads_start_does_not_keep_the_process_alive(
+    tmp_path: Path,
+) -> None:
+    """The I/O thread left behind when ``Thread.start`` is interrupted (before its owner can
+    close it) must not keep the interpreter from exiting: ``zerobatch convert`` printed
+    "interrupted" and then waited for ever at exit."""
+    script = INTERRUPTED_START.replace("OUT", repr(str(tmp_path / "x.batch")))
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "interrupted", proc.stderr
+    assert os.listdir(tmp_path) == []

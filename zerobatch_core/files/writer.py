@@ -802,7 +802,10 @@ class _IOThread:
             queue.SimpleQueue()
         )
         self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="zerobatch-writer")
+        # A daemon: a thread left behind by an interrupt that landed before its owner could
+        # close it (inside ``Thread.start``, which waits for the thread) holds no job and must
+        # not keep the interpreter from exiting.
+        self._thread = threading.Thread(target=self._run, name="zerobatch-writer", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
