@@ -895,3 +895,18 @@ def test_int64_runs_over_a_shuffled_order_of_short_blocks_hold_the_batches_serve
     # through the general walk.
     path = make_file(n=400, batch_size=4)
     assert _int64_against_uint32(path, block_size=2, seed=seed, skip_steps=[(3, 4)]) == 99
+
+
+def test_the_core_loader_builds_the_registered_kind_for_its_sources(
+    make_file: Callable[..., Path],
+) -> None:
+    from zerobatch_core import Mixture, MixtureLoader
+
+    path = make_file()
+    assert type(BatchNativeLoader(Mixture([("a", path, 1)]))) is MixtureLoader
+    assert type(BatchNativeLoader(path)) is BatchNativeLoader
+
+    class Plain(BatchNativeLoader):
+        pass
+
+    assert type(Plain(path)) is Plain  # a subclass named by the caller is built as itself
