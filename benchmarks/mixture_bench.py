@@ -237,7 +237,7 @@ def main() -> int:
     started = time.perf_counter()
     size = args.batches * BATCH * SEQ * 4 / MIB
     print(
-        f"load average {results['load_start']:.2f}; {args.batches:,} batches ({size:.0f} MiB), x2"
+        f"load average {results['load_start']:.2f}; {args.batches:,} batches ({size:.0f} MiB) twice"
     )
     try:
         results["build"] = run_child(
