@@ -86,3 +86,12 @@ def test_trace_names_the_component_then_its_own_step(run: Callable[..., Run], bl
     assert r.status == 0
     out = json.loads(r.out)
     assert out["mixture"]["component"] == "b" and out["mixture"]["global_step"] == 101
+
+
+def test_a_json_file_that_is_not_a_mixture_is_named(
+    run: Callable[..., Run], tmp_path: Path
+) -> None:
+    path = tmp_path / "other.json"
+    path.write_text('{"a": 1}')
+    r = run("inspect", path)
+    assert r.status == 1 and "format must be 'zerobatch.mixture'" in r.err

@@ -49,6 +49,8 @@ from .sources import BatchSource, Region, open_reader
 
 MIXTURE_FORMAT = "zerobatch.mixture"
 MIXTURE_VERSION = 1
+SNIFF_BYTES = 1 << 16
+"""Bytes of a file without the ``.json`` suffix searched for the mixture format's name."""
 ENDLESS_STEPS = 2**63 - 1
 """Steps of a mixture without ``steps``: more than any run takes, and still a valid ``len``."""
 U32Array = npt.NDArray[np.uint32]
@@ -225,12 +227,16 @@ def load_mixture(path: str | os.PathLike[str]) -> Mixture:
 
 
 def is_mixture_file(path: object) -> bool:
-    """Whether ``path`` names a JSON file that declares itself a mixture."""
+    """Whether ``path`` names a mixture file: a ``.json`` file (``load_mixture`` then says
+    what is wrong with one that is not a mixture), or a JSON object that names the mixture
+    format in its first ``SNIFF_BYTES``."""
     if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
         return False
+    if os.fspath(path).endswith(".json"):
+        return True
     try:
         with open(path, "rb") as f:
-            head = f.read(4096)
+            head = f.read(SNIFF_BYTES)
     except OSError:
         return False
     return head.lstrip()[:1] == b"{" and MIXTURE_FORMAT.encode() in head
