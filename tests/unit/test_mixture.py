@@ -319,3 +319,21 @@ def test_a_state_resumes_on_another_world_size_and_context_layout(
             got = [np.array(a) for _, a in zip(range(6), rank, strict=False)]
             for a, want in zip(got, rest, strict=True):
                 np.testing.assert_array_equal(a, want[dp * G // 2 : (dp + 1) * G // 2][:, cols])
+
+
+def test_mixture_files_are_told_from_batch_files(sources: dict[str, Path], tmp_path: Path) -> None:
+    from zerobatch_core.delivery.mixture import SNIFF_BYTES, is_mixture_file
+
+    doc = {
+        "format": "zerobatch.mixture",
+        "version": 1,
+        "components": [{"name": "f", "source": str(sources["file"])}],
+    }
+    named = tmp_path / "blend.mix"  # no .json suffix: the format's name is found
+    named.write_text("\n" * 100 + json.dumps(doc))
+    assert is_mixture_file(named) and isinstance(BatchNativeLoader(named), MixtureLoader)
+    late = tmp_path / "late.mix"  # the name beyond the bytes searched: not a mixture
+    late.write_text("{" + " " * SNIFF_BYTES + json.dumps(doc)[1:])
+    assert not is_mixture_file(late)
+    assert not is_mixture_file(sources["file"]) and not is_mixture_file(sources["ds"])
+    assert not is_mixture_file(tmp_path / "missing.json") and not is_mixture_file(3)

@@ -236,10 +236,13 @@ def is_mixture_file(path: object) -> bool:
         return True
     try:
         with open(path, "rb") as f:
-            head = f.read(SNIFF_BYTES)
+            head = f.read(64)
+            if head.lstrip()[:1] != b"{":  # an LLMBATCH file starts with its magic
+                return False
+            head += f.read(SNIFF_BYTES - len(head))
     except OSError:
         return False
-    return head.lstrip()[:1] == b"{" and MIXTURE_FORMAT.encode() in head
+    return MIXTURE_FORMAT.encode() in head
 
 
 @dataclass(frozen=True)
