@@ -237,12 +237,12 @@ def is_mixture_file(path: object) -> bool:
     try:
         with open(path, "rb") as f:
             head = f.read(64)
-            if head.lstrip()[:1] != b"{":  # an LLMBATCH file starts with its magic
+            if head.lstrip()[:1] not in (b"{", b""):  # an LLMBATCH file starts with its magic
                 return False
             head += f.read(SNIFF_BYTES - len(head))
     except OSError:
         return False
-    return MIXTURE_FORMAT.encode() in head
+    return head.lstrip()[:1] == b"{" and MIXTURE_FORMAT.encode() in head
 
 
 @dataclass(frozen=True)
