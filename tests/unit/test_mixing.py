@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from zerobatch_spec.mixture import MixtureSpecError, Phase, mixture_order, weight_units
 
@@ -70,3 +71,17 @@ def test_weights_are_exact_decimals() -> None:
 def test_bad_schedules_are_refused_by_name(phases: list[Phase], message: str) -> None:
     with pytest.raises(MixtureSpecError, match=message):
         MixtureSchedule(phases)
+
+
+@pytest.mark.parametrize("phases", CASES)
+@pytest.mark.parametrize("limit", [mixing.PERIOD_LIMIT, 1])
+def test_between_gives_every_steps_component_at_once(
+    phases: list[Phase], limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mixing, "PERIOD_LIMIT", limit)
+    monkeypatch.setattr(mixing, "CHUNK", 64)
+    want = [c for c, _ in mixture_order(phases, 0, 6000)]
+    schedule = MixtureSchedule(phases)
+    for first, stop in ((0, 6000), (1, 2), (2, 9), (4990, 5010), (5000, 5001), (7, 7), (9, 3)):
+        got = schedule.between(first, stop)
+        assert got.dtype == np.int64 and got.tolist() == want[first:stop], (first, stop)
