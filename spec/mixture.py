@@ -90,11 +90,7 @@ def check_phases(phases: Sequence[Phase], components: int) -> None:
                 f"phase {k}: {len(phase.weights)} weights for {components} components"
             )
         for i, w in enumerate(phase.weights):
-            if (
-                isinstance(w, bool)
-                or not isinstance(w, int)
-                or not 0 <= w <= MAX_WEIGHT * WEIGHT_SCALE
-            ):
+            if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= MAX_UNITS:
                 raise MixtureSpecError(f"phase {k}: weight {i} out of range: {w!r}")
         if not any(phase.weights):
             raise MixtureSpecError(f"phase {k}: every weight is 0 (at least one must be > 0)")
