@@ -106,12 +106,6 @@ class BatchSource(Protocol):
     def close(self) -> None: ...
 
 
-Reader = BatchFileReader | DatasetReader | RemoteSource
-"""The readers ZeroBatch opens (each a ``BatchSource``)."""
-
-READER_TYPES = (BatchFileReader, DatasetReader, RemoteSource)
-
-
 def is_live(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a local live dataset directory (it holds a live descriptor)."""
     return os.path.isfile(os.path.join(os.fspath(path), DESCRIPTOR_NAME))
