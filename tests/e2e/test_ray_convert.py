@@ -41,6 +41,7 @@ from tests.helpers import require
 from tests.unit.bpe import train_bpe
 from zerobatch_core import DatasetReader, IngestError, convert
 from zerobatch_core.cli import main
+from zerobatch_core.ingest.units import plan_units
 from zerobatch_core.tokenization import load_tokenizer
 
 ray = require("ray")
@@ -311,7 +312,7 @@ class FaultySink(ray_convert.LLMBatchDatasink):
 
 def _faulty_run(corpus: tuple[list[str], str], out: Path, markers: Path, **kw: Any) -> FaultySink:
     paths, spec = corpus
-    units, files = ray_convert.plan_units(paths)
+    units, files = plan_units(paths)
     assert len(units) == FILES * math.ceil(DOCS_PER_FILE / ROW_GROUP)
     sink = FaultySink(
         out,
@@ -451,6 +452,6 @@ def test_a_parquet_column_is_checked_before_the_job(tmp_path: Path) -> None:
     path = tmp_path / "one.parquet"
     pq.write_table(pa.table({"text": ["a", "b"], "n": [1, 2]}), path)
     with pytest.raises(IngestError, match=r"one\.parquet: no column 'body'"):
-        ray_convert.plan_units([str(path)], text_field="body")
+        plan_units([str(path)], text_field="body")
     with pytest.raises(IngestError, match=r"one\.parquet: column 'n' has type int64"):
-        ray_convert.plan_units([str(path)], text_field="n")
+        plan_units([str(path)], text_field="n")

@@ -29,7 +29,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "live": frozenset({LEAVES, "files", "stores", "datasets", "live"}),
     "delivery": frozenset({LEAVES, "files", "stores", "datasets", "live", "delivery"}),
     "tokenization": frozenset({LEAVES, "tokenization"}),
-    "ingest": frozenset({LEAVES, "files", "stores", "datasets", "tokenization", "ingest"}),
+    "ingest": frozenset({LEAVES, "files", "stores", "datasets", "live", "tokenization", "ingest"}),
     "cli": frozenset(
         {LEAVES, "files", "stores", "datasets", "live", "delivery", "tokenization", "ingest", "cli"}
     ),

@@ -19,8 +19,12 @@ from .flags import flag_message
 
 def cmd_trace(args: argparse.Namespace) -> int:
     from ..delivery.provenance import trace_step
+    from ..delivery.sources import is_live
+    from ..stores.store import is_url
 
-    if os.path.isdir(args.path):
+    if is_url(args.path) or is_live(args.path):
+        pass  # a live dataset, or a store the trace opens itself
+    elif os.path.isdir(args.path):
         dataset_directory(args.path)
     else:
         check_readable(args.path)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import MissingDependencyError
+from ..stores.store import is_url
 from .common import (
     EXIT_OK,
     ProgressDisplay,
@@ -25,6 +26,7 @@ from .common import (
     check_readable,
     positive,
     readable_inputs,
+    shown,
     u32,
 )
 
@@ -97,9 +99,16 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.address is not None and args.engine != "ray":
         raise UsageError("--address applies only to --engine ray")
     inputs = readable_inputs(args.sources)
-    check_output_argument(args, inputs)
     if args.engine == "ray":
+        _check_ray_output(args, inputs)
         return _convert_with_ray(args, inputs)
+    if is_url(args.output):
+        raise UsageError(
+            f"{shown(args.output)}: the local engine writes local files and directories, not "
+            "URLs; write a dataset to an object store with --engine ray --shard-size N, or "
+            "write locally, then copy it"
+        )
+    check_output_argument(args, inputs)
     with ProgressDisplay(args, args.seq_len, sys.stderr) as progress:
         summary = convert(
             args.sources,
@@ -123,6 +132,20 @@ def cmd_convert(args: argparse.Namespace) -> int:
         )
     _print_summary(args, summary)
     return EXIT_OK
+
+
+def _check_ray_output(args: argparse.Namespace, inputs: Sequence[str]) -> None:
+    """The output checks of ``convert --engine ray`` made before anything is read: a path's are
+    the local engine's; an object-store URL must name a dataset (``--shard-size``). What a URL
+    already holds is checked by ``convert_with_ray``, which opens the store, before its job
+    starts (a ``file://`` URL: as the path it is)."""
+    if not is_url(args.output):
+        check_output_argument(args, inputs)
+    elif args.shard_batches is None and not args.output.lower().startswith("file://"):
+        raise UsageError(
+            f"{shown(args.output)}: an object-store output is a dataset: pass --shard-size N "
+            "(a single LLMBATCH file is written to a local path)"
+        )
 
 
 def _convert_with_ray(args: argparse.Namespace, inputs: Sequence[str]) -> int:
@@ -272,7 +295,9 @@ def register(sub: Any) -> None:
         "      --tokenizer 'hf:tokenizer.json?bos=<|endoftext|>' --workers 8\n"
         "  zerobatch convert notes.txt train.batch --seq-len 256 --batch-size 8 --per-line\n"
         "  zerobatch convert 'corpus/*.parquet' data/train --seq-len 2048 --batch-size 16 \\\n"
-        "      --shard-size 1000 --engine ray --address auto\n\n"
+        "      --shard-size 1000 --engine ray --address auto\n"
+        "  zerobatch convert '/mnt/corpus/*.parquet' s3://bucket/data/train --seq-len 2048 \\\n"
+        "      --batch-size 16 --shard-size 1000 --engine ray --address auto\n\n"
         "tokenizer specs (--tokenizer):\n"
         "  byte                            UTF-8 bytes, BOS 256, no files needed\n"
         "  hf:PATH/tokenizer.json?bos=TOK  a Hugging Face tokenizers model (&eos=TOK too)\n"
@@ -289,7 +314,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "output",
         metavar="OUTPUT",
-        help="the .batch file to write (with --shard-size, the dataset directory)",
+        help="the .batch file to write (with --shard-size, the dataset directory; with "
+        "--shard-size and --engine ray, also an object-store URL: s3://bucket/prefix, gs://, "
+        "az://)",
     )
     _add_shape_options(p, "tokens per record: the training sequence length (required)", True)
     p.add_argument(
@@ -343,7 +370,12 @@ def register(sub: Any) -> None:
         choices=["local", "ray"],
         default="local",
         help="local: this machine; ray: text sources tokenized and written by Ray Data tasks "
-        "across a Ray cluster (pip install 'zerobatch[ray]'), the same output byte for byte",
+        "across a Ray cluster (pip install 'zerobatch[ray]'), the same output byte for byte; "
+        "the inputs must be at the same paths on every node, the output may be an object-store "
+        "URL, written by the tasks straight to the store (no shared mount; each node's "
+        "environment gives the store's credentials). A dataset already at a URL is refused, "
+        "--overwrite or not (an object store cannot replace it in one step); --overwrite there "
+        "only replaces shards an unfinished job left",
     )
     engine.add_argument(
         "--address",

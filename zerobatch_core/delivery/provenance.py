@@ -33,14 +33,28 @@ from typing import Any
 
 from zerobatch_spec import record_source
 from zerobatch_spec.dataset import Source
+from zerobatch_spec.live import DESCRIPTOR_NAME
 
 from ..arguments import int_arg
 from ..datasets.dataset import DatasetReader, open_source
 from ..errors import ZeroBatchError
 from ..files.reader import BatchFileReader
+from ..live.production import (
+    PADDING,
+    BatchesRecord,
+    ProducerRecord,
+    ProductionError,
+    batches_key,
+    read_batches,
+    read_record,
+)
+from ..live.source import LiveSource
+from ..stores.resolve import open_store
+from ..stores.store import is_url
 from .loader import DEFAULT_BLOCK_SIZE, BatchNativeLoader, Position
 from .mixture import Mixture
 from .mixture_loader import MixtureLike, MixtureLoader, is_mixture, open_mixture
+from .sources import is_live
 
 DEFAULT_MAX_ROWS = 1 << 16
 """Rows a trace accounts for at most by default: each costs one permutation evaluation and one
@@ -65,16 +79,52 @@ class RowOrigin:
     record: int | None
     file: str | None
     file_record: int | None
+    produced: ProducedRow | None = None
+    """For a live dataset's row written by ``produce``: its document, token and epoch."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {
+        out: dict[str, Any] = {
             "row": self.row,
             "shard_record": self.shard_record,
             "record": self.record,
             "file": self.file,
             "file_record": self.file_record,
         }
+        if self.produced is not None:
+            out["produced"] = self.produced.as_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class ProducedRow:
+    """Where a row that ``produce`` committed begins: epoch ``epoch`` of its producer's share,
+    unit ``unit`` (``part``: the parquet row group, ``-1`` for a whole file), document
+    ``document`` of the unit, token ``token`` of that document's ``[bos, *doc]`` sequence.
+    ``padding`` rows hold padding only (and no document)."""
+
+    padding: bool
+    epoch: int
+    unit: int
+    part: int
+    document: int
+    token: int
+    record: int | None = None
+    """For a token file (nanoGPT shard, ``.npy`` array): the record of the file it is."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def describe(self, file: str | None) -> str:
+        if self.padding:
+            return "padding"
+        if self.record is not None:
+            return f"{file} record {self.record} (epoch {self.epoch}, unit {self.unit})"
+        part = f" row group {self.part}" if self.part >= 0 else ""
+        return (
+            f"{file}{part} document {self.document} from token {self.token} (epoch "
+            f"{self.epoch}, unit {self.unit})"
+        )
 
 
 @dataclass(frozen=True)
@@ -91,10 +141,14 @@ class TracePiece:
     dataset_slot: int
     rows: tuple[int, int]
     origins: tuple[RowOrigin, ...]
+    producer: str | None = None
+    """For a live dataset: the producer of the batch object (``shard``) ..."""
+    offset: int | None = None
+    """... and the stored batch's offset in that producer's stream."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {
+        out: dict[str, Any] = {
             "shard": self.shard,
             "shard_index": self.shard_index,
             "slot": self.slot,
@@ -102,6 +156,10 @@ class TracePiece:
             "rows": list(self.rows),
             "origins": [o.as_dict() for o in self.origins],
         }
+        if self.producer is not None:
+            out["producer"] = self.producer
+            out["offset"] = self.offset
+        return out
 
 
 @dataclass(frozen=True)
@@ -181,6 +239,19 @@ class StepTrace:
         ]
         for p in self.pieces:
             where = f"{p.shard} slot {p.slot}" if p.shard is not None else f"slot {p.slot}"
+            if p.producer is not None:
+                out.append(
+                    f"  global batch {p.dataset_slot}: {where}, producer {p.producer} offset "
+                    f"{p.offset}, rows [{p.rows[0]}, {p.rows[1]}):"
+                )
+                for o in p.origins:
+                    origin = (
+                        "no production record"
+                        if o.produced is None
+                        else (o.produced.describe(o.file))
+                    )
+                    out.append(f"    row {o.row}: {origin}")
+                continue
             out.append(
                 f"  {where} (dataset slot {p.dataset_slot}), rows [{p.rows[0]}, {p.rows[1]}):"
             )
@@ -243,6 +314,90 @@ class _Sources:
         return self._sources[i].path, record - self._sources[i].records[0]
 
 
+def _is_live(source: object) -> bool:
+    """Whether ``source`` names a live dataset: a local one, or one at a URL."""
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    if is_url(source):
+        store = open_store(os.fspath(source))
+        try:
+            return store.exists(DESCRIPTOR_NAME)
+        finally:
+            store.close()
+    return is_live(source)
+
+
+class _LiveOrigins:
+    """A live dataset's committed entries and production records, for the rows of a trace."""
+
+    def __init__(self, source: LiveSource, last: int) -> None:
+        source.refresh()
+        if last >= source.committed:
+            raise IndexError(
+                f"{source.path}: the step reads global batch {last}, and {source.committed} "
+                "are committed: trace a step that has been committed"
+            )
+        self.source = source
+        self.entries = source.chain.entries(source.current, source.start)
+        self.firsts = [e.first for e in self.entries]
+        self.records: dict[str, ProducerRecord | None] = {}
+        self.objects: dict[tuple[str, int], BatchesRecord | None] = {}
+
+    def piece(self, index: int, rows: range) -> TracePiece:
+        """The rows ``rows`` of global batch ``index``: its object, producer, offset, and each
+        row's document where ``produce`` recorded it."""
+        k = bisect.bisect_right(self.firsts, index) - 1
+        if k < 0 or index >= self.entries[k].end:
+            raise IndexError(f"{self.source.path}: global batch {index} was reclaimed")
+        e = self.entries[k]
+        slot = index - e.first
+        record = self._record(e.producer)
+        batches = self._object(e.producer, e.offset + e.num_batches)
+        b = self.source.batch_size
+        origins = []
+        for r in rows:
+            produced, file = None, None
+            if record is not None and batches is not None:
+                epoch, unit, document, token = (int(v) for v in batches.rows[slot * b + r])
+                if epoch == PADDING:
+                    produced = ProducedRow(True, -1, -1, -1, -1, -1)
+                else:
+                    entry, part = record.locate(unit)
+                    file = entry.path
+                    number = None
+                    if record.unit_records:
+                        number = part * record.unit_records + document
+                    produced = ProducedRow(False, epoch, unit, part, document, token, number)
+            origins.append(RowOrigin(r, slot * b + r, None, file, None, produced))
+        return TracePiece(
+            e.name,
+            k,
+            slot,
+            index,
+            (rows.start, rows.stop),
+            tuple(origins),
+            e.producer,
+            e.offset + slot,
+        )
+
+    def _record(self, producer: str) -> ProducerRecord | None:
+        if producer not in self.records:
+            self.records[producer] = read_record(self.source.store, producer)
+        return self.records[producer]
+
+    def _object(self, producer: str, end: int) -> BatchesRecord | None:
+        key = (producer, end)
+        if key not in self.objects:
+            found = read_batches(self.source.store, producer, end, self.source.batch_size)
+            if found is not None and found.first + len(found.rows) // self.source.batch_size != end:
+                raise ProductionError(
+                    f"{self.source.store.where(batches_key(producer, end))}: its rows do not "
+                    f"cover offsets [{found.first}, {end})"
+                )
+            self.objects[key] = found
+        return self.objects[key]
+
+
 def _origins(
     source: BatchFileReader | DatasetReader, sources: _Sources, index: int, rows: range
 ) -> tuple[str | None, int, int, tuple[RowOrigin, ...]]:
@@ -268,7 +423,7 @@ def _origins(
 
 
 def trace_step(
-    source: str | os.PathLike[str] | BatchFileReader | DatasetReader | Mixture,
+    source: str | os.PathLike[str] | BatchFileReader | DatasetReader | LiveSource | Mixture,
     step: int,
     *,
     epoch: int = 0,
@@ -315,9 +470,11 @@ def trace_step(
             next_token=next_token,
             max_rows=max_rows,
         )
-    reader: BatchFileReader | DatasetReader
-    if isinstance(source, (BatchFileReader, DatasetReader)):
+    reader: BatchFileReader | DatasetReader | LiveSource
+    if isinstance(source, (BatchFileReader, DatasetReader, LiveSource)):
         reader, opened = source, False
+    elif _is_live(source):  # a live dataset: its manifest chain and production records
+        reader, opened = LiveSource(os.fspath(source), verify="off"), True
     else:  # nothing is read but the manifest (or the header): no checksum to verify
         reader, opened = open_source(source, verify="off"), True
     try:
@@ -357,9 +514,14 @@ def trace_step(
         p0, p1 = first // b, (end - 1) // b
         indices = islice(loader.order.indices(loader.epoch, p0), p1 - p0 + 1)
         sources = _Sources(reader.manifest.sources if isinstance(reader, DatasetReader) else ())
+        live = _LiveOrigins(reader, p1) if isinstance(reader, LiveSource) else None
         pieces = []
         for p, index in enumerate(indices, start=p0):
             rows = range(max(first, p * b) - p * b, min(end, (p + 1) * b) - p * b)
+            if live is not None:
+                pieces.append(live.piece(index, rows))
+                continue
+            assert not isinstance(reader, LiveSource)
             name, shard_index, slot, origins = _origins(reader, sources, index, rows)
             pieces.append(
                 TracePiece(name, shard_index, slot, index, (rows.start, rows.stop), origins)
@@ -446,4 +608,12 @@ def _trace_mixture(
             mixture.close()
 
 
-__all__ = ["MixtureStep", "RowOrigin", "StepTrace", "TraceError", "TracePiece", "trace_step"]
+__all__ = [
+    "MixtureStep",
+    "ProducedRow",
+    "RowOrigin",
+    "StepTrace",
+    "TraceError",
+    "TracePiece",
+    "trace_step",
+]

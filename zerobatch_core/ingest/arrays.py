@@ -123,23 +123,34 @@ class ArrayFile:
         n = self._shape[0]
         return n if len(self._shape) == 2 else n // t
 
-    def iter_blocks(self, seq_len: int, chunk_records: int | None = None) -> Iterator[U32Block]:
-        """This file's records as ``uint32 [k, seq_len]`` blocks of ``chunk_records`` records."""
+    def iter_blocks(
+        self,
+        seq_len: int,
+        chunk_records: int | None = None,
+        *,
+        records: tuple[int, int] | None = None,
+    ) -> Iterator[U32Block]:
+        """This file's records (``records = (first, stop)``: those only) as ``uint32 [k,
+        seq_len]`` blocks of ``chunk_records`` records."""
         t = self._check_layout(seq_len)
         k = check_chunk_records(chunk_records, t)
-        return self._blocks(t, k)
+        n = self.count_records(t)
+        first, stop = (0, n) if records is None else records
+        if not 0 <= first <= stop <= n:
+            raise IngestError(f"{self.path}: records [{first}, {stop}) are not within [0, {n})")
+        return self._blocks(t, k, first, stop)
 
     def unused_tokens(self, seq_len: int) -> int:
         """Tokens no record holds: a flat array's last ``num_tokens % seq_len`` (else 0)."""
         return self.size - self.count_records(seq_len) * check_seq_len(seq_len)
 
-    def _blocks(self, t: int, k: int) -> Iterator[U32Block]:
+    def _blocks(self, t: int, k: int, first: int, stop: int) -> Iterator[U32Block]:
         n = self.count_records(t)
         flat = len(self._shape) == 1
         item = self._dtype.itemsize
         with SourceFile(self.path) as src:
-            for r0 in range(0, n, k):
-                m = min(r0 + k, n) - r0
+            for r0 in range(first, stop, k):
+                m = min(r0 + k, stop) - r0
                 if self.fortran_order:  # column c of rows [r0, r0 + m) is contiguous
                     columns = np.empty((t, m), dtype=self._dtype)
                     for c in range(t):

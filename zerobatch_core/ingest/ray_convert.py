@@ -19,14 +19,15 @@ Segments
     unit (``unit``: its number, ``tokens``: the segment as little-endian u32 bytes), so no
     block split can cut a unit.
 The Datasink (:class:`LLMBatchDatasink`)
-    ``write`` stores each segment atomically in a work directory under a name made of the unit
-    number, so a retried task rewrites the same file with the same bytes and nothing depends on
-    which task wrote it. ``on_write_complete`` orders the units by number, places each segment
-    in the global token stream (the sum of the lengths before it), cuts the stream into records
-    of ``seq_len`` tokens and the records into outputs by the local writer's rule (shard ``i``
-    holds records ``[i * shard_batches * batch_size, ...)``, permuted with ``shard_seed(seed,
-    i)``), writes the outputs in parallel in a second Ray Data write (a task per shard, each
-    reading its token range from the segments), then writes ``checksums.xxh3`` and, last,
+    ``write`` stores each segment atomically in a work directory (an object-store output: under
+    a work prefix in the store) under a name made of the unit number, so a retried task
+    rewrites the same file with the same bytes and nothing depends on which task wrote it.
+    ``on_write_complete`` orders the units by number, places each segment in the global token
+    stream (the sum of the lengths before it), cuts the stream into records of ``seq_len``
+    tokens and the records into outputs by the local writer's rule (shard ``i`` holds records
+    ``[i * shard_batches * batch_size, ...)``, permuted with ``shard_seed(seed, i)``), writes
+    the outputs in parallel in a second Ray Data write (a task per shard, each reading its
+    token range from the segments), then writes ``checksums.xxh3`` and, last,
     ``manifest.json``, and removes the work directory. A job that fails removes the shards and
     segments it wrote and never writes a manifest.
 
@@ -38,9 +39,11 @@ Determinism, and what is byte-identical to ``zerobatch convert``
     same seeds, hence the same permutation), ``checksums.xxh3`` and ``manifest.json`` (the same
     sources with the same record ranges); without ``shard_batches``, the single LLMBATCH file.
     The segments depend only on the unit, and everything after them only on the segments in
-    unit order. What differs: the run itself (time, memory, the temporary work directory
-    ``.zerobatch-ray`` inside the output directory, or ``.NAME.zerobatch-ray`` beside a single
-    output file, while the job runs), the summary's ``seconds``, failures (a lost worker or an
+    unit order. The same holds for an object-store output: its keys and their bytes are the
+    local dataset directory's files. What differs: the run itself (time, memory, the temporary
+    work directory ``.zerobatch-ray`` inside the output directory, or ``.NAME.zerobatch-ray``
+    beside a single output file, or the work prefix ``.zerobatch-ray/`` below an object-store
+    output, while the job runs), the summary's ``seconds``, failures (a lost worker or an
     ``OSError`` is retried; a ZeroBatch error raised in a task is re-raised as itself, others
     arrive wrapped by Ray), and the sources accepted (text only: ``.parquet``, ``.jsonl``,
     ``.json``, ``.txt``; nanoGPT shards and ``.npy`` arrays are tokens already).
@@ -51,7 +54,10 @@ Memory
     segments Ray Data bundles for it (``WRITE_BUNDLE_BYTES``, 32 MiB, plus one unit); an output
     task holds the file writer's few ``CHUNK_BYTES`` (it knows its record count, so it never
     spills); the driver holds seven integers per unit and the checksums (8 bytes per batch).
-    The disk holds the segments (4 bytes per token) until the commit, beside the output.
+    The disk holds the segments (4 bytes per token) until the commit, beside the output (an
+    object-store output: the store holds them). An output task writing to an object store also
+    holds its shard's bytes while it puts them, and its node's temporary directory
+    (``TMPDIR``) holds the shard while it is written: size ``shard_batches`` accordingly.
 
 Failures and retries
     Ray Data retries a task whose worker died (``os._exit``, a lost node) and, through
@@ -63,22 +69,54 @@ Failures and retries
     (``overwrite``) is atomic, as in ``write_sharded_dataset``: the shards, checksums and
     manifest are written into a staging directory beside the old dataset, which is swapped
     with it in one step once committed, so the path holds the old dataset or the new one at
-    every instant and a failed or killed job leaves the old one as it was. Inputs and the
-    output directory must be on a file system every node of the cluster sees (a shared
-    mount); object-store URLs are not accepted.
+    every instant and a failed or killed job leaves the old one as it was. The inputs are read
+    by path on the nodes: every node must see them at the same path (a shared mount, or a copy
+    on each node); the tokenizer travels as its JSON description.
+
+Object-store output
+    ``output`` may be a URL that ``stores.resolve.open_store`` opens (``s3://bucket/prefix``,
+    ``gs://``, ``az://``, ``http(s)://``; a ``file://`` URL is its local path): the dataset is
+    written straight to the store, and no node needs a shared mount for it. It must be a
+    dataset (``shard_batches``): a single LLMBATCH file would be put whole from one task's
+    memory. The segments go into the store too, under the work prefix ``.zerobatch-ray/`` below
+    the output (one object per unit, put atomically under its unit's key, so a retry behaves
+    as locally), not into a local directory: the output task that reads a segment back may
+    run on another node than the write task that stored it. An output task reads its token
+    ranges with ranged GETs, writes its shard with the local file writer into a scratch
+    directory on its node, puts the file's bytes under the shard's key (an atomic put: a task
+    killed before its put completes leaves no object, and its retry puts the same bytes) and
+    removes the scratch file. The driver then puts ``checksums.xxh3`` and, last,
+    ``manifest.json``, their bytes built by ``commit_manifest`` exactly as for a local dataset,
+    and deletes the work prefix. A job that fails deletes the shards and the checksums it put
+    and the work prefix; a job whose driver is killed outright may leave shards and segments,
+    never a manifest (the next job to the URL deletes the segments, and replaces the shards
+    with ``overwrite``).
+
+    A dataset already at the URL (it has a ``manifest.json``) is refused, with ``overwrite``
+    too: an object store cannot replace many objects in one step, so a dataset replaced in
+    place would let a reader that had read the old manifest fetch new shards under the old
+    names, and a job failing halfway would leave neither dataset. Delete it first (its
+    ``manifest.json`` first), or write to a new prefix. ``overwrite`` only replaces what an
+    unfinished job left (shard objects without a manifest), which is refused otherwise. One job
+    at a time may write to a URL, as to a directory. Every node opens the store from its own
+    environment (credentials, ``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...): give each node the
+    same, by its instance role or configuration, or with ``ray.init(runtime_env={"env_vars":
+    {...}})`` where the cluster's runtime environment may hold them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import json
 import logging
 import os
 import shutil
+import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +133,7 @@ from zerobatch_spec.layout import TOKEN_BYTES, TOKEN_DTYPE
 
 from ..arguments import U32_MAX, int_arg
 from ..datasets.build import (
+    SHARD_NAME,
     SHARD_PATTERN,
     check_dataset_output,
     commit_manifest,
@@ -107,28 +146,30 @@ from ..datasets.replace import StagedReplacement, remove_stale_staging
 from ..errors import IngestError, WriteError, ZeroBatchError
 from ..files.reader import BatchFileReader
 from ..files.writer import CHUNK_BYTES, check_output, write_batch_dataset, write_bytes_atomic
+from ..redaction import redact
+from ..stores.resolve import open_store
+from ..stores.store import Store, is_url, join_url
 from ..tokenization import DEFAULT_BATCH_DOCS, import_optional, tokenize_documents
 from ..tokenization.descriptions import read_description
 from ..tokenization.resolve import tokenizer_from_json
 from ..tokenization.tiktoken_files import TiktokenTokenizer
 from .convert import ConvertSummary, conversion_drops, detect_kind, plural
 from .packing import Mode, PackingStats, pad_records
-from .text import (
-    DEFAULT_BATCH_ROWS,
-    Format,
-    TextSource,
-    detect_format,
-    is_string_type,
-    one_line,
-    read_documents,
-    row_group_documents,
-)
+from .text import DEFAULT_BATCH_ROWS, TextSource
+from .units import InputFile, Unit, plan_units, unit_documents
 
 if TYPE_CHECKING:
     from ray.data._internal.execution.interfaces import TaskContext
 
 WORK_DIR_NAME = ".zerobatch-ray"
 """The work directory inside a dataset output (``.NAME.zerobatch-ray`` beside a file output)."""
+
+WORK_PREFIX = f"{WORK_DIR_NAME}/"
+"""The work prefix below an object-store output: the segments' keys start with it."""
+
+DELETE_THREADS = 16
+"""Concurrent deletes when the work prefix of an object-store output is removed (one request
+per object)."""
 
 SEGMENTS_PER_DIRECTORY = 1000
 """Segments per subdirectory of the work directory: every atomic write lists its directory
@@ -148,79 +189,6 @@ _COUNT_COLUMNS = (
     "truncated_tokens",
 )
 """Optional integer columns of a segment row, summed into the packing statistics."""
-
-# --- units --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One piece of input read by one task: a parquet row group, or a whole JSONL or text file.
-
-    ``index`` is the unit's place in the global order; ``part`` the row group (``-1``: the
-    whole file); ``file`` the index of ``path`` among the inputs.
-    """
-
-    index: int
-    path: str
-    format: Format
-    part: int
-    file: int
-
-    def row(self) -> dict[str, Any]:
-        """The unit as a Ray Data row (plain values)."""
-        return {"unit": self.index, "path": self.path, "format": self.format, "part": self.part}
-
-
-@dataclass(frozen=True)
-class InputFile:
-    """An input file and its first unit: the manifest's sources come from these."""
-
-    path: str
-    first_unit: int
-
-
-def _parquet_row_groups(path: str, column: str) -> int:
-    """Row groups of the parquet file ``path``, after checking its ``column`` holds strings."""
-    pa = import_optional("pyarrow", "reading parquet")
-    pq = import_optional("pyarrow.parquet", "reading parquet")
-    try:
-        pf = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:
-        raise IngestError(f"{path}: not a readable parquet file: {one_line(e)}") from e
-    try:
-        schema = pf.schema_arrow
-        index = schema.get_field_index(column)
-        if index < 0:
-            raise IngestError(f"{path}: no column {column!r} (columns: {', '.join(schema.names)})")
-        if not is_string_type(pa, schema.field(index).type):
-            raise IngestError(
-                f"{path}: column {column!r} has type {schema.field(index).type}, "
-                f"expected a string column"
-            )
-        return int(pf.num_row_groups)
-    finally:
-        pf.close()
-
-
-def plan_units(
-    files: Sequence[str], *, text_field: str = "text", format: Format | None = None
-) -> tuple[list[Unit], list[InputFile]]:
-    """The units of ``files`` in the global order, and each file's first unit.
-
-    Parquet files are opened (their footer only) to count row groups and check the column.
-    """
-    units: list[Unit] = []
-    inputs: list[InputFile] = []
-    for f, path in enumerate(files):
-        fmt = format or detect_format(path)
-        inputs.append(InputFile(path, len(units)))
-        if fmt == "parquet":
-            for rg in range(_parquet_row_groups(path, text_field)):
-                units.append(Unit(len(units), path, fmt, rg, f))
-        else:
-            units.append(Unit(len(units), path, fmt, -1, f))
-    return units, inputs
-
 
 # --- tokenization -------------------------------------------------------------------------------
 
@@ -259,24 +227,8 @@ class TokenizeUnits:
 
     def documents(self, path: str, format: str, part: int) -> Iterator[str]:
         """The documents of one unit, read by the local readers (same order, same errors)."""
-        if format == "parquet" and part >= 0:
-            pa = import_optional("pyarrow", "reading parquet")
-            pq = import_optional("pyarrow.parquet", "reading parquet")
-            errors = (pa.ArrowException, OSError, UnicodeDecodeError)
-            try:
-                pf = pq.ParquetFile(path, page_checksum_verification=True)
-            except errors as e:
-                raise IngestError(f"{path}: not a readable parquet file: {one_line(e)}") from e
-            try:
-                yield from row_group_documents(
-                    pf, path, part, self.text_field, self.batch_rows, errors
-                )
-            finally:
-                pf.close()
-            return
-        fmt: Format = "jsonl" if format == "jsonl" else "text"
-        yield from read_documents(
-            [glob.escape(path)], format=fmt, field=self.text_field, per_line=self.per_line
+        return unit_documents(
+            path, format, part, self.text_field, per_line=self.per_line, batch_rows=self.batch_rows
         )
 
     def segment(self, docs: Iterable[str]) -> tuple[npt.NDArray[np.uint32], dict[str, int]]:
@@ -352,7 +304,18 @@ class SinkResult:
 
 
 def _segment_name(unit: int) -> str:
-    return os.path.join(f"{unit // SEGMENTS_PER_DIRECTORY:07d}", f"{unit:010d}.u32")
+    """A segment's name in the work directory, ``/``-separated (a key below the work prefix)."""
+    return f"{unit // SEGMENTS_PER_DIRECTORY:07d}/{unit:010d}.u32"
+
+
+def _local_path(output: str) -> str | None:
+    """The local path ``output`` names (itself, or a ``file://`` URL's path); ``None`` for an
+    object-store URL."""
+    if not is_url(output):
+        return output
+    if output.lower().startswith("file://"):
+        return urllib.parse.unquote(urllib.parse.urlsplit(output).path)
+    return None
 
 
 class LLMBatchDatasink(Datasink[str]):
@@ -367,7 +330,8 @@ class LLMBatchDatasink(Datasink[str]):
     which are summed into :attr:`result`.
 
     With ``shard_batches`` the output ``path`` is a dataset directory written as
-    ``write_sharded_dataset`` writes it; without, the single LLMBATCH file ``path``. ``files``
+    ``write_sharded_dataset`` writes it, or an object-store URL (``s3://bucket/prefix``: the
+    same objects, see the module docstring); without, the single LLMBATCH file ``path``. ``files``
     (each input file and its first unit) gives the manifest's sources, as the local
     conversion counts them (a record belongs to the file of its first token). With
     ``num_units``, the commit checks that units ``0 .. num_units - 1`` all arrived.
@@ -397,7 +361,14 @@ class LLMBatchDatasink(Datasink[str]):
         concurrency: int | None = None,
         inputs: Sequence[str] = (),
     ) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        text = os.fspath(path)
+        if "://" in text and not is_url(text):
+            open_store(text)  # raises: a URL scheme ZeroBatch does not open, named
+        local = _local_path(text)
+        self.url = None if local is not None else text.rstrip("/")
+        """The object-store output's URL (``None``: a local output); ``path`` shows it."""
+        self.path = os.path.abspath(local) if local is not None else redact(text.rstrip("/"))
+        self._store: Store | None = None
         self.seq_len = int_arg("seq_len", seq_len, 1, U32_MAX, WriteError)
         self.batch_size = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
         self.seed = int_arg("seed", seed, 0, U32_MAX, WriteError)
@@ -412,7 +383,15 @@ class LLMBatchDatasink(Datasink[str]):
         self.max_retries = int_arg("max_retries", max_retries, 0)
         self.concurrency = None if concurrency is None else int_arg("concurrency", concurrency, 1)
         self.inputs = tuple(os.fspath(p) for p in inputs)
-        if self.shard_batches is None:
+        if self.url is not None:
+            if self.shard_batches is None:
+                raise WriteError(
+                    f"{self.path}: an object-store output is a dataset: pass shard_batches "
+                    "(--shard-size on the command line); a single LLMBATCH file is written to a "
+                    "local path"
+                )
+            self.work_dir = join_url(self.path, WORK_DIR_NAME)
+        elif self.shard_batches is None:
             head, name = os.path.split(self.path)
             self.work_dir = os.path.join(head, f".{name}{WORK_DIR_NAME}")
         else:
@@ -421,6 +400,20 @@ class LLMBatchDatasink(Datasink[str]):
         """Where the outputs are written: the dataset directory, or its staging directory while
         it replaces a dataset (``_commit``)."""
         self.result: SinkResult | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The sink as it travels to Ray workers: without its open store (each process opens
+        its own, from its own environment)."""
+        return {**self.__dict__, "_store": None}
+
+    @property
+    def store(self) -> Store:
+        """The object store of an object-store output, opened once per process."""
+        if self._store is None:
+            if self.url is None:
+                raise WriteError(f"{self.path}: a local output has no object store")
+            self._store = open_store(self.url)
+        return self._store
 
     # -- the Ray Data protocol -------------------------------------------------------------------
 
@@ -444,15 +437,45 @@ class LLMBatchDatasink(Datasink[str]):
 
     def check_target(self) -> None:
         """The output checks of the local conversion (``check_dataset_output`` or
-        ``check_output``), made before anything is written."""
-        if self.shard_batches is None:
+        ``check_output``; an object-store output: ``check_store_target``), made before anything
+        is written."""
+        if self.url is not None:
+            self.check_store_target()
+        elif self.shard_batches is None:
             check_output(self.path, overwrite=self.overwrite, inputs=self.inputs)
         else:
             check_dataset_output(self.path, overwrite=self.overwrite, inputs=self.inputs)
 
+    def check_store_target(self) -> None:
+        """Refuse, with a ``WriteError`` naming the URL, a dataset at the object-store output
+        (with ``overwrite`` too: the module docstring says why), and shard objects an
+        unfinished job left there unless ``overwrite``."""
+        if self.store.exists(MANIFEST_NAME):
+            raise WriteError(
+                f"{self.path}: already a dataset (it has a {MANIFEST_NAME}), and a dataset at a "
+                "URL is never replaced, overwrite=True or not: an object store cannot replace "
+                f"its objects in one step; delete it first ({MANIFEST_NAME} first), or write to "
+                "a new prefix"
+            )
+        leftovers = self._shard_keys()
+        if leftovers and not self.overwrite:
+            raise WriteError(
+                f"{self.path}: holds shard objects ({leftovers[0]}, ...) but no {MANIFEST_NAME}, "
+                "left by an unfinished write; pass overwrite=True (--overwrite on the command "
+                "line) to replace them"
+            )
+
+    def _shard_keys(self) -> list[str]:
+        """The shard objects right below the object-store output named as
+        ``write_sharded_dataset`` names shards, sorted (a store lists by key prefix only)."""
+        return [k for k in self.store.list_keys() if SHARD_NAME.match(k)]
+
     def on_write_start(self, schema: Any = None) -> None:
         """Check the output and start an empty work directory (a dead job's is removed)."""
         self.check_target()
+        if self.url is not None:
+            self._remove_work()
+            return
         if self.shard_batches is not None:
             os.makedirs(self.path, exist_ok=True)
         shutil.rmtree(self.work_dir, ignore_errors=True)
@@ -491,9 +514,29 @@ class LLMBatchDatasink(Datasink[str]):
 
     def store_segment(self, unit: int, data: bytes) -> None:
         """Write one unit's segment, atomically, under the name its number gives."""
-        path = os.path.join(self.work_dir, _segment_name(unit))
+        if self.url is not None:
+            self.store.write(WORK_PREFIX + _segment_name(unit), data)
+            return
+        path = os.path.join(self.work_dir, *_segment_name(unit).split("/"))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_bytes_atomic(path, data, overwrite=True)
+
+    def _remove_work(self) -> None:
+        """Remove the work directory, or the work prefix of an object-store output (a failure
+        to is logged, never raised: it must not hide the job's own outcome)."""
+        if self.url is None:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+            return
+        try:
+            keys = self.store.list_keys(WORK_PREFIX)
+            with ThreadPoolExecutor(DELETE_THREADS) as pool:
+                list(pool.map(self.store.delete, keys))
+        except OSError as e:
+            logging.getLogger(__name__).warning(
+                "%s: the work prefix could not be removed (delete it by hand): %s",
+                self.work_dir,
+                e,
+            )
 
     def on_write_complete(self, write_result: WriteResult[str]) -> None:
         """Cut the records, write every output, then commit (module docstring)."""
@@ -503,12 +546,12 @@ class LLMBatchDatasink(Datasink[str]):
             self._discard()
             raise
         finally:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
+            self._remove_work()
 
     def on_write_failed(self, error: Exception) -> None:
         """Remove the segments, and any shard this job wrote (no manifest names them)."""
         self._discard()
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        self._remove_work()
 
     # -- the commit ------------------------------------------------------------------------------
 
@@ -588,6 +631,8 @@ class LLMBatchDatasink(Datasink[str]):
                 "allow_empty=True (--allow-empty on the command line) to write it anyway"
             )
         self.check_target()
+        if self.url is not None:
+            return self._commit_outputs(units, records, total, None)
         stage: StagedReplacement | None = None
         if self.shard_batches is not None:
             os.makedirs(self.path, exist_ok=True)
@@ -625,6 +670,11 @@ class LLMBatchDatasink(Datasink[str]):
             )
         shards = [_shard_from_json(w["shard"]) for w in written]
         checksums = [np.frombuffer(w["checksums"], dtype="<u8") for w in written]
+        if self.url is not None:
+            manifest, size = self._commit_to_store(shards, checksums, self._sources(units, records))
+            return SinkResult(
+                records, manifest.num_batches, total, len(units), counts, size, manifest
+            )
         manifest = commit_manifest(
             self.out_dir,
             shards,
@@ -648,6 +698,56 @@ class LLMBatchDatasink(Datasink[str]):
             os.path.getsize(os.path.join(self.path, n)) for n in (MANIFEST_NAME, CHECKSUMS_NAME)
         )
         return SinkResult(records, manifest.num_batches, total, len(units), counts, size, manifest)
+
+    def _commit_to_store(
+        self, shards: list[Shard], checksums: list[npt.NDArray[np.uint64]], sources: list[Source]
+    ) -> tuple[Manifest, int]:
+        """Put the checksums, then the manifest (last), into the object store; remove the shard
+        objects an unfinished job left that the new dataset does not hold. Returns the manifest
+        and the dataset's bytes.
+
+        ``commit_manifest`` builds both files in a local scratch directory, so their bytes are
+        a local dataset's by construction.
+        """
+        with tempfile.TemporaryDirectory(prefix="zerobatch-ray-commit-") as scratch:
+            manifest = commit_manifest(
+                scratch,
+                shards,
+                checksums,
+                self.batch_size,
+                self.seq_len,
+                self.seed,
+                sources,
+                False,
+            )
+            files = {}
+            for name in (CHECKSUMS_NAME, MANIFEST_NAME):
+                with open(os.path.join(scratch, name), "rb") as f:
+                    files[name] = f.read()
+        store = self.store
+        if store.exists(MANIFEST_NAME):
+            self._planned = []  # the shards now belong to whoever committed that manifest
+            raise WriteError(
+                f"{self.path}: a {MANIFEST_NAME} appeared while this job ran (another job writes "
+                "to this URL?); nothing was committed"
+            )
+        self._planned.append(CHECKSUMS_NAME)
+        store.write(CHECKSUMS_NAME, files[CHECKSUMS_NAME])
+        try:
+            store.write(MANIFEST_NAME, files[MANIFEST_NAME])
+        except BaseException:
+            committed = True  # unknown: keep the shards rather than break a committed dataset
+            with contextlib.suppress(OSError):
+                committed = store.exists(MANIFEST_NAME)  # a put that took, its answer lost
+            if committed:
+                self._planned = []
+            raise
+        self._planned = []  # committed: the shards are the dataset's now
+        kept = {s.name for s in shards}
+        for key in self._shard_keys():
+            if key not in kept:  # shards an unfinished write left (there was no manifest)
+                store.delete(key)
+        return manifest, sum(s.size for s in shards) + sum(len(d) for d in files.values())
 
     def _sources(self, units: npt.NDArray[np.int64], records: int) -> list[Source]:
         """Each input file's range of records: those whose first token lies in its units."""
@@ -690,9 +790,21 @@ class LLMBatchDatasink(Datasink[str]):
         """Write one planned output (a shard, or the single file) from the segments.
 
         Runs in a Ray task; returns plain data: the shard's manifest entry (JSON) and its
-        slot checksums (bytes), or the file's batch count.
+        slot checksums (bytes), or the file's batch count. A shard of an object-store output is
+        written into a scratch directory on this node, then put into the store.
         """
-        target = os.path.join(self.out_dir, plan["name"])
+        if self.url is None:
+            return self._write_output_file(plan, os.path.join(self.out_dir, plan["name"]))
+        with tempfile.TemporaryDirectory(prefix="zerobatch-ray-shard-") as scratch:
+            target = os.path.join(scratch, plan["name"])
+            result = self._write_output_file(plan, target)
+            with open(target, "rb") as f:
+                data = f.read()
+        self.store.write(plan["name"], data)
+        return result
+
+    def _write_output_file(self, plan: dict[str, Any], target: str) -> dict[str, Any]:
+        """Write one planned output as the LLMBATCH file ``target``; ``write_output``'s result."""
         count, first = int(plan["records"]), int(plan["first"])
         batches = write_batch_dataset(
             target,
@@ -724,11 +836,10 @@ class LLMBatchDatasink(Datasink[str]):
         pending: list[npt.NDArray[np.uint32]] = []
         have = 0
         for unit, start, length in plan["pieces"]:
-            path = os.path.join(self.work_dir, _segment_name(int(unit)))
-            with open(path, "rb") as f:
+            with self._segment(int(unit)) as (path, read):
                 for at in range(0, int(length), per):
                     n = min(per, int(length) - at)
-                    data = os.pread(f.fileno(), n * TOKEN_BYTES, (int(start) + at) * TOKEN_BYTES)
+                    data = read((int(start) + at) * TOKEN_BYTES, n * TOKEN_BYTES)
                     if len(data) != n * TOKEN_BYTES:
                         raise WriteError(
                             f"{path}: segment of unit {unit} is shorter than its write task "
@@ -747,9 +858,33 @@ class LLMBatchDatasink(Datasink[str]):
         if have:
             yield np.concatenate(pending).reshape(-1, t)
 
+    @contextlib.contextmanager
+    def _segment(self, unit: int) -> Iterator[tuple[str, Callable[[int, int], bytes]]]:
+        """Where unit ``unit``'s segment lies (for messages), and a function reading ``size``
+        bytes of it at ``offset``: positioned reads of its file, or ranged reads of its object
+        in the store."""
+        name = _segment_name(unit)
+        if self.url is not None:
+            store, key = self.store, WORK_PREFIX + name
+
+            def read_range(offset: int, size: int) -> bytes:
+                return store.read_ranges(key, [(offset, offset + size)])[0]
+
+            yield store.where(key), read_range
+            return
+        path = os.path.join(self.work_dir, *name.split("/"))
+        with open(path, "rb") as f:
+            fd = f.fileno()
+            yield path, lambda offset, size: os.pread(fd, size, offset)
+
     def _discard(self) -> None:
-        """Remove the outputs this job wrote but did not commit."""
+        """Remove the outputs this job wrote but did not commit (and, on an object store, the
+        checksums it put)."""
         for name in getattr(self, "_planned", []):
+            if self.url is not None:
+                with contextlib.suppress(OSError):  # must not hide the job's own error
+                    self.store.delete(name)
+                continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.out_dir, name))
         self._planned = []
@@ -865,6 +1000,10 @@ def convert_with_ray(
     Arguments are ``convert``'s (``text_field``, ``per_line``, ``mode``, ``pad_id``,
     ``tokenizer``, ``shard_batches``, ...), plus:
 
+    - ``output``: also, with ``shard_batches``, an object-store URL (``s3://bucket/prefix``,
+      ``gs://``, ``az://``, ...), written straight to the store by the tasks that make it,
+      byte for byte the local dataset; a dataset already there is refused, ``overwrite`` or
+      not (module docstring, "Object-store output");
     - ``workers``: tokenizer actors (default: the cluster's CPUs divided by
       ``cpus_per_worker``, at least one), each reserving ``cpus_per_worker`` CPUs; also the
       most write and output tasks at a time;

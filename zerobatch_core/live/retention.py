@@ -27,9 +27,11 @@ committed end, and writes the new watermark before it rotates old ones out.
 2. It then deletes the segment objects and batch objects that the newest version does not list
    and that lie before its first listed batch, the batch objects of producer offsets already
    committed that no version lists (written by a producer that died before committing them),
-   manifest versions older than the newest ``keep_versions``, and, in a directory, temporary
-   files that writers killed mid-write left (older than ``STALE_TEMPORARY_SECONDS``). Keys that
-   are not the layout's names are reported and never touched.
+   the production records (section 22) of objects no longer listed, except the one each
+   producer resumes from (its committed offset), manifest versions older than the newest
+   ``keep_versions``, and, in a directory, temporary files that writers killed mid-write left
+   (older than ``STALE_TEMPORARY_SECONDS``). Keys that are not the layout's names are reported
+   and never touched.
 
 With no trusted watermark, no batch data is reclaimed. Deletes are idempotent and each step
 only removes what the newest version no longer reaches, so ``reclaim`` can be interrupted at
@@ -78,6 +80,7 @@ from ..stores.resolve import open_store
 from ..stores.store import LocalStore, Store
 from .manifests import ChainError as ChainError
 from .manifests import LiveError, ManifestChain
+from .production import PRODUCTION_PREFIX, parse_batches_key
 
 RECLAIM_WRITER = "reclaim"
 """The writer id retention's manifest versions carry."""
@@ -482,6 +485,14 @@ def reclaim(
             drop("batches", key)
         else:
             report.kept_batches[key] = doubt
+    ends = {(e.producer, e.offset + e.num_batches) for e in listed}
+    for key in store.list_keys(PRODUCTION_PREFIX):
+        found = parse_batches_key(key)
+        if found is None:
+            continue  # a producer's configuration record, or a name not ours: kept
+        state = latest.producers.get(found[0])
+        if state is not None and found[1] < state.offset and found not in ends:
+            drop("production", key)  # its object was trimmed; the resume cursor is kept
     for version in chain.versions():
         if version <= latest.version - keep_versions:
             drop("manifests", manifest_name(version))
