@@ -283,6 +283,12 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+def loads_strict(text: str) -> Any:
+    """``text`` parsed as JSON the way metadata is read: ``NaN`` and ``Infinity`` and a key
+    given twice in one object are refused (``ValueError``), as they are in a manifest."""
+    return json.loads(text, parse_constant=_json_constant, object_pairs_hook=_json_object)
+
+
 def _parse(data: bytes) -> Manifest:
     try:
         obj = json.loads(

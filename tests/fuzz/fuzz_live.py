@@ -16,9 +16,9 @@ must be one whole batch of the base), the loader over it, ``zerobatch inspect`` 
 ``zerobatch validate --deep --json``, the hostile ``record_watermark`` calls, then
 ``reclaim(dry_run=True)`` and a real ``reclaim`` on the mutant (itself a copy).
 
-On top of ``fuzz_datasets.py``'s outcomes, a real reclaim that deletes a batch object that the
-unmutated dataset's reclaim keeps is a finding of its own kind, **loss**: retention must never
-delete data because of a crafted or mistaken document.
+On top of the campaign outcomes (``harness.py``), a real reclaim that deletes a batch object
+that the unmutated dataset's reclaim keeps is a finding of its own kind, **loss**: retention
+must never delete data because of a crafted or mistaken document.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from collections.abc import Callable
 from itertools import islice
 from typing import Any
 
-from tests.fuzz.fuzz_datasets import Campaign, main, outcome, run_command
+from tests.fuzz.fuzz_datasets import run_command
+from tests.fuzz.harness import Campaign, Step, campaign_main, run_entries
 from tests.fuzz.mutants import (
     LIVE_BATCHES,
     Op,
@@ -163,7 +164,7 @@ def check_live(
 
     usage = (UsageError,)
     lost: list[str] = []
-    steps: list[tuple[str, Callable[[], object], tuple[type[BaseException], ...]]] = [
+    steps: list[Step] = [
         ("source", lambda: _read(root), ()),
         ("loader", lambda: _loader(root, index), ()),
         ("inspect", lambda: run_command(["inspect", "--json", root]), usage),
@@ -172,17 +173,14 @@ def check_live(
         ("reclaim-dry", lambda: reclaim(root, dry_run=True), ()),
         ("reclaim", lambda: _reclaim(root, ops, lost), ()),
     ]
-    results = []
-    for k, (entry, fn, allowed) in enumerate(steps):
-        at(k)
-        result, detail = outcome(fn, allowed)
-        if entry == "reclaim" and lost:
-            result = "loss"
-            detail = (
-                f"DataLoss: reclaim deleted {len(lost)} batch object(s) the unmutated "
-                f"dataset's reclaim keeps: {', '.join(lost[:4])}\n{detail}"
-            )
-        results.append((entry, result, detail))
+    results = run_entries(steps, at)
+    if lost:  # the real reclaim, last, deleted what it must keep
+        entry, _, detail = results[-1]
+        detail = (
+            f"DataLoss: reclaim deleted {len(lost)} batch object(s) the unmutated "
+            f"dataset's reclaim keeps: {', '.join(lost[:4])}\n{detail}"
+        )
+        results[-1] = (entry, "loss", detail)
     return results
 
 
@@ -197,4 +195,4 @@ LIVE = Campaign(
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(LIVE, mutants=50_000))
+    raise SystemExit(campaign_main(LIVE, mutants=50_000))

@@ -26,14 +26,14 @@ to the caller, which counts it as a defect.
 
 from __future__ import annotations
 
-import argparse
+import functools
 import hashlib
 import json
 import os
 import random
 import tempfile
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -137,42 +137,66 @@ def declared_size(data: bytes | bytearray) -> int | None:
     return h.file_size
 
 
-def apply(base: bytes, ops: list[Op]) -> bytes:
-    """The mutant: ``ops`` applied to ``base`` in order."""
+def edit_bytes(data: bytearray, op: Sequence[Any]) -> bool:
+    """Apply a byte-level mutation to ``data`` in place: ``("flip", offset, value)`` sets a
+    byte (when there is one), ``("truncate", length)`` cuts, ``("append", count, byte)``
+    appends; ``False`` (and nothing done) for any other op. The formats' own ops (and a
+    tree's ops, less the file's name) use it."""
+    kind = op[0]
+    if kind == "flip":
+        if op[1] < len(data):
+            data[op[1]] = op[2]
+    elif kind == "truncate":
+        del data[op[1] :]
+    elif kind == "append":
+        data.extend(bytes([op[2]]) * op[1])
+    else:
+        return False
+    return True
+
+
+def apply_bytes(base: bytes, ops: Sequence[Op], edit: Callable[[bytearray, Op], bool]) -> bytes:
+    """``ops`` applied to ``base`` in order: byte-level ones by ``edit_bytes``, the format's own
+    by ``edit`` (which returns ``False`` for an op it does not know)."""
     data = bytearray(base)
     for op in ops:
-        kind = op[0]
-        if kind == "flip":
-            if op[1] < len(data):
-                data[op[1]] = op[2]
-        elif kind == "field":
-            set_field(data, op[1], op[2])
-        elif kind == "shape":
-            for name, value in zip(("batch_size", "seq_len", "num_batches"), op[1:], strict=True):
-                set_field(data, name, value)
-        elif kind == "magic":
-            if len(data) < len(MAGIC):
-                data.extend(bytes(len(MAGIC) - len(data)))
-            data[: len(MAGIC)] = op[1]
-        elif kind == "truncate":
-            del data[op[1] :]
-        elif kind == "append":
-            data.extend(bytes([op[2]]) * op[1])
-        elif kind == "fit":
-            size = declared_size(data)
-            if size is not None and size <= FIT_LIMIT:
-                if len(data) > size:
-                    del data[size:]
-                else:
-                    data.extend(bytes([op[1]]) * (size - len(data)))
-                if op[2]:
-                    h = parse_header(bytes(data[:HEADER_SIZE]))
-                    need = h.num_batches * h.batch_size
-                    if h.total_records < need <= U32_MAX:
-                        set_field(data, "total_records", need)
-        else:
+        if not (edit_bytes(data, op) or edit(data, op)):
             raise ValueError(f"unknown mutation {op!r}")
     return bytes(data)
+
+
+def _edit_header(data: bytearray, op: Op) -> bool:
+    """The header's mutations (``field``, ``shape``, ``magic``, ``fit``) of ``data``."""
+    kind = op[0]
+    if kind == "field":
+        set_field(data, op[1], op[2])
+    elif kind == "shape":
+        for name, value in zip(("batch_size", "seq_len", "num_batches"), op[1:], strict=True):
+            set_field(data, name, value)
+    elif kind == "magic":
+        if len(data) < len(MAGIC):
+            data.extend(bytes(len(MAGIC) - len(data)))
+        data[: len(MAGIC)] = op[1]
+    elif kind == "fit":
+        size = declared_size(data)
+        if size is not None and size <= FIT_LIMIT:
+            if len(data) > size:
+                del data[size:]
+            else:
+                data.extend(bytes([op[1]]) * (size - len(data)))
+            if op[2]:
+                h = parse_header(bytes(data[:HEADER_SIZE]))
+                need = h.num_batches * h.batch_size
+                if h.total_records < need <= U32_MAX:
+                    set_field(data, "total_records", need)
+    else:
+        return False
+    return True
+
+
+def apply(base: bytes, ops: list[Op]) -> bytes:
+    """The mutant: ``ops`` applied to ``base`` in order."""
+    return apply_bytes(base, ops, _edit_header)
 
 
 # -- random mutations (the standalone run) --------------------------------------------------
@@ -240,17 +264,38 @@ def random_op(rng: random.Random, data: bytes) -> Op:
     return ("fit", 0 if rng.random() < 0.8 else rng.randrange(1, 256), rng.random() < 0.7)
 
 
+T = TypeVar("T")
+
+
+def draw(
+    rng: random.Random,
+    bases: Sequence[T],
+    random_op: Callable[[random.Random, T], Op],
+    apply: Callable[[T, list[Op]], T],
+    counts: Sequence[int] = (1, 1, 2, 2, 3, 4),
+    last: Callable[[random.Random, list[Op], T], Op | None] | None = None,
+) -> tuple[int, list[Op], T]:
+    """A mutant drawn with ``rng`` (every fuzzer's ``random_mutant``): a base, then
+    ``rng.choice(counts)`` ops, each drawn from the mutant so far and applied to it, then the
+    op ``last`` draws, if any. Returns the base's index, the ops and the mutant."""
+    base = rng.randrange(len(bases))
+    mutant = bases[base]
+    ops: list[Op] = []
+    for _ in range(rng.choice(counts)):
+        op = random_op(rng, mutant)
+        ops.append(op)
+        mutant = apply(mutant, [op])
+    final = last(rng, ops, mutant) if last is not None else None
+    if final is not None:
+        ops.append(final)
+        mutant = apply(mutant, [final])
+    return base, ops, mutant
+
+
 def random_mutant(seed: int, index: int) -> tuple[int, list[Op], bytes]:
     """Mutant ``index`` of run ``seed``: its base, its ops and its bytes (deterministic)."""
     rng = random.Random((seed << 40) ^ index)
-    base = rng.randrange(len(BASES))
-    data = BASES[base]
-    ops: list[Op] = []
-    for _ in range(rng.choice((1, 1, 1, 2, 2, 3, 4))):
-        op = random_op(rng, data)
-        ops.append(op)
-        data = apply(data, [op])
-    return base, ops, data
+    return draw(rng, BASES, random_op, apply, (1, 1, 1, 2, 2, 3, 4))
 
 
 # -- the oracle -----------------------------------------------------------------------------
@@ -547,17 +592,12 @@ def _bytes_op(files: dict[str, bytes], op: Op) -> None:
     if name not in files:
         return
     data = bytearray(files[name])
-    if kind == "flip":
-        if op[2] < len(data):
-            data[op[2]] = op[3]
-    elif kind == "truncate":
-        del data[op[2] :]
-    elif kind == "append":
-        data.extend(bytes([op[3]]) * op[2])
-    elif kind == "resize":
+    if kind == "resize":
         length = max(0, op[2])
         del data[length:]
         data.extend(bytes(length - len(data)))
+    else:
+        edit_bytes(data, (kind, *op[2:]))
     files[name] = bytes(data)
 
 
@@ -709,15 +749,8 @@ def _dataset_bases() -> tuple[Tree, ...]:
 OUTSIDE = BASES[0]
 """The bytes of ``outside.batch``, a valid LLMBATCH file beside every dataset mutant."""
 
-_DATASET_BASES: tuple[Tree, ...] | None = None
-
-
-def dataset_bases() -> tuple[Tree, ...]:
-    """The dataset bases (built once per process)."""
-    global _DATASET_BASES
-    if _DATASET_BASES is None:
-        _DATASET_BASES = _dataset_bases()
-    return _DATASET_BASES
+dataset_bases = functools.cache(_dataset_bases)
+"""The dataset bases (built once per process)."""
 
 
 def random_dataset_op(rng: random.Random, tree: Tree) -> Op:
@@ -764,21 +797,15 @@ def random_dataset_op(rng: random.Random, tree: Tree) -> Op:
     return ("copy", rng.choice(shard_names), rng.choice(("extra.batch", "shard-99999.batch")))
 
 
+def _fixsums(rng: random.Random, ops: list[Op], tree: Tree) -> Op | None:
+    """Let odd checksums reach the slots: the manifest's digest refitted, now and then."""
+    return ("fixsums",) if rng.random() < 0.3 and ops[-1][0] != "fixsums" else None
+
+
 def random_dataset_mutant(seed: int, index: int) -> tuple[int, list[Op], Tree]:
     """Mutant ``index`` of run ``seed``: its base, its ops and its tree (deterministic)."""
     rng = random.Random((seed << 40) ^ index ^ 0xD5)
-    bases = dataset_bases()
-    base = rng.randrange(len(bases))
-    tree = bases[base]
-    ops: list[Op] = []
-    for _ in range(rng.choice((1, 1, 2, 2, 3, 4))):
-        op = random_dataset_op(rng, tree)
-        ops.append(op)
-        tree = apply_tree(tree, [op])
-    if rng.random() < 0.3 and ops[-1][0] != "fixsums":  # let odd checksums reach the slots
-        ops.append(("fixsums",))
-        tree = apply_tree(tree, ops[-1:])
-    return base, ops, tree
+    return draw(rng, dataset_bases(), random_dataset_op, apply_tree, last=_fixsums)
 
 
 # -- live datasets -------------------------------------------------------------------------
@@ -806,7 +833,8 @@ def live_identify(item: npt.NDArray[np.integer]) -> int | None:
     return i if item.shape == (LIVE_B, LIVE_T) and np.array_equal(item, live_batch(i)) else None
 
 
-def _read_tree(root: str) -> dict[str, bytes]:
+def read_tree(root: str) -> dict[str, bytes]:
+    """Every file under ``root``, by its path relative to ``root`` (``/``-separated)."""
     files = {}
     for directory, _, names in os.walk(root):
         for name in names:
@@ -835,7 +863,7 @@ def _live_base() -> Tree:
             for _ in range(LIVE_MARK):
                 next(items)
             record_watermark(root, "c-1", loader.state_dict(), keep=2)
-        return _deterministic(_read_tree(root)), {}
+        return _deterministic(read_tree(root)), {}
 
 
 def _deterministic(files: dict[str, bytes]) -> dict[str, bytes]:
@@ -864,15 +892,8 @@ def _deterministic(files: dict[str, bytes]) -> dict[str, bytes]:
     return out
 
 
-_LIVE_BASE: Tree | None = None
-
-
-def live_base() -> Tree:
-    """The live base tree (built once per process)."""
-    global _LIVE_BASE
-    if _LIVE_BASE is None:
-        _LIVE_BASE = _live_base()
-    return _LIVE_BASE
+live_base = functools.cache(_live_base)
+"""The live base tree (built once per process)."""
 
 
 def _versions(files: dict[str, bytes]) -> list[str]:
@@ -996,12 +1017,3 @@ def random_live_mutant(seed: int, index: int) -> tuple[int, list[Op], Tree]:
         ops.append(op)
         tree = apply_live(tree, [op])
     return 0, ops, tree
-
-
-def add_worker_arguments(parser: Any) -> None:
-    """The hidden options by which a campaign's parent hands a worker process its mutants
-    (``--start`` to ``--stop``) and the file it reports progress in (``--status``)."""
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--stop", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--status", default=None, help=argparse.SUPPRESS)

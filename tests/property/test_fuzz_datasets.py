@@ -23,17 +23,9 @@ traceback.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(os.path.abspath(__file__)).parents[2]
-"""The repository root, where the fuzzers run (``python -m tests.fuzz...``)."""
+from tests.fuzz.harness import assert_both_sides, first_mutants, replay_attack
 
 DATASETS = "tests.fuzz.fuzz_datasets"
 LIVE = "tests.fuzz.fuzz_live"
@@ -43,36 +35,11 @@ NEWEST = "manifests/00000000000000000012.json"
 """The base live dataset's newest manifest version (its tail: the entries of batches 10, 11)."""
 
 
-def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 @pytest.mark.parametrize(("module", "mutants"), [(DATASETS, 2000), (LIVE, 1000)])
 def test_first_mutants_give_zerobatch_errors_or_work(module: str, mutants: int) -> None:
     """The long run's first mutants: no finding, and every entry point reaches both sides
     (a fuzzer whose mutants all fail the first rule would pass while testing nothing)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        summary_path = os.path.join(tmp, "summary.json")
-        argv = [module, "--mutants", str(mutants), "--workers", "2", "--chunk", str(mutants // 2)]
-        argv += ["--summary", summary_path, "--report-seconds", "1000", "--max-seconds", "240"]
-        done = _run(argv, 300)
-        assert os.path.exists(summary_path), done.stdout + done.stderr
-        with open(summary_path, encoding="utf-8") as f:
-            summary = json.load(f)
-    assert summary["mutants"] == mutants
-    assert not any(summary["findings"].values()), json.dumps(summary["failures"], indent=1)
-    assert done.returncode == 0, done.stdout + done.stderr
-    entries = {key.split(":")[0] for key in summary["results"]}
-    for entry in entries:
-        reached = {r for r in ("ok", "error") if summary["results"].get(f"{entry}:{r}", 0)}
-        assert reached == {"ok", "error"}, (entry, summary["results"])
+    assert_both_sides(first_mutants(module, mutants, workers=2))
 
 
 ATTACKS = [
@@ -121,9 +88,4 @@ def test_attacks_give_zerobatch_errors_and_lose_nothing(
 ) -> None:
     """Each attack, through every entry point of its fuzzer, under the same limits (``base``
     also picks the loader's settings: live base 1 steps one stored batch at a time)."""
-    argv = [module, "--replay", f"0:{base}", "--ops", json.dumps(ops)]
-    try:
-        done = _run(argv, 30)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{ops}: no result within 30 s (an entry point blocks): {e.stdout!r:.2000}")
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    replay_attack(module, base, ops, 30)

@@ -5,6 +5,7 @@ refused restarts, and the Ray engine with a producer task killed once."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import random
 import signal
@@ -215,3 +216,31 @@ def test_ray_producers_with_a_task_killed_once(
 def _s3_environment() -> dict[str, str]:
     """The S3 settings of this test's environment, for Ray's worker processes."""
     return {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+
+
+def test_sigterm_stops_a_producer_with_everything_appended_committed(
+    corpus: tuple[str, list[str]], bucket: str
+) -> None:
+    pattern, _ = corpus
+    url = f"s3://{bucket}/term"
+    args = [pattern, url, "--producer-id", "p0", "--batches-per-object", "2", "--json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zerobatch_core.cli", "produce", *args, *FLAGS, "--verbose"],
+        cwd=ROOT,
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    assert proc.stderr.readline().startswith("committed ")  # it runs, and has committed
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["finished"] is False and summary["committed"] > 0
+    with LiveSource(url) as source:
+        assert source.committed == summary["committed"]  # nothing left pending
+    again = produce(pattern, url, producer_id="p0", seq_len=T, batch_size=B, pad_id=PAD,
+                    batches_per_object=2, stop=lambda: True)  # fmt: skip
+    assert again.resumed_at == summary["committed"]

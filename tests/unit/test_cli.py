@@ -443,16 +443,18 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 def help_entries(text: str) -> dict[str, str]:
     """Each option's help entry in ``--help`` output, by its long flag, lines joined."""
     entries: dict[str, str] = {}
-    current = None
+    current: list[str] = []
     for line in text.splitlines():
-        m = re.match(r"^  (-\w, )?(--[\w-]+)", line)
-        if m:
-            current = m.group(2)
-            entries[current] = line
+        if re.match(r"^  (-\w, )?(--[\w-]+)", line):
+            # every long flag of the option (aliases: "--kind KIND, --format KIND")
+            current = re.findall(r"(?:^|, )(--[\w-]+)", line.strip().split("  ")[0])
+            for flag in current:
+                entries[flag] = line
         elif current and line.startswith("    "):
-            entries[current] += " " + line.strip()
+            for flag in current:
+                entries[flag] += " " + line.strip()
         else:
-            current = None
+            current = []
     return entries
 
 

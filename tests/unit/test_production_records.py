@@ -187,7 +187,7 @@ def test_a_record_of_another_producer_or_offset_is_refused(tmp_path: Path) -> No
     store.write(
         batches_key("p-1", 9), BatchesRecord("p-1", 3, 4, Cursor(0, 0, 0, 0), rows).to_json()
     )
-    with pytest.raises(ProductionError, match="up to offset 4, not .p-1. up to 9"):
+    with pytest.raises(ProductionError, match="up to offset 4, not 'p-1' up to 9"):
         read_batches(store, "p-1", 9, 8)
 
 

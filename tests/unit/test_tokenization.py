@@ -318,3 +318,29 @@ def test_tokenization_reads_its_input_lazily(workers: int) -> None:
     out.close()  # stops the workers
     assert [ByteTokenizer().decode(a) for a in first] == [f"doc {i}" for i in range(12)]
     assert consumed <= (2 * workers + 3) * 5
+
+
+def test_tiktoken_batches_on_threads_equal_encode_ordinary(tiny_tiktoken: Path) -> None:
+    """``encode_batch`` on its thread pool gives ``encode_ordinary``'s ids in order, for any
+    thread count; a pickled copy starts its own pool."""
+    import pickle
+
+    tiktoken = require("tiktoken")
+    tok = load_tokenizer(f"tiktoken:{tiny_tiktoken}?pattern=cl100k_base")
+    assert isinstance(tok, TiktokenTokenizer)
+    reference = tiktoken.Encoding(
+        "ref",
+        pat_str=TIKTOKEN_STANDARD["cl100k_base"].pat_str,
+        mergeable_ranks=_tiny_ranks(),
+        special_tokens=dict(TIKTOKEN_STANDARD["cl100k_base"].special_tokens),
+    )
+    texts = [f"doc {i}: the cat <|endoftext|> sat " * (i % 7) for i in range(101)]
+    want = [reference.encode_ordinary(t) for t in texts]
+    for threads in (1, 2, 3, 8, 200):
+        tok.num_threads = threads
+        got = tok.encode_batch(texts)
+        assert [a.tolist() for a in got] == want
+        assert all(a.dtype == np.uint32 for a in got)
+    assert tok.encode_batch([]) == []
+    copy = pickle.loads(pickle.dumps(tok))
+    assert [a.tolist() for a in copy.encode_batch(texts)] == want

@@ -80,20 +80,32 @@ def check_readable(path: str) -> None:
         raise UsageError(f"{shown(path)}: cannot be read: {e.strerror or e}") from e
 
 
-def readable_inputs(patterns: Sequence[str]) -> list[str]:
+def readable_inputs(patterns: Sequence[str], *, datasets: bool = False) -> list[str]:
     """The files named by ``patterns`` (paths or quoted glob patterns), each one checked to be a
-    readable regular file; a ``UsageError`` names the first that is not."""
+    readable regular file; a ``UsageError`` names the first that is not. With ``datasets``,
+    a directory (a Hugging Face, MDS or Atlas dataset) and a Megatron prefix (``PREFIX`` with
+    ``PREFIX.idx`` beside it) are inputs too; the converter checks what they hold."""
     found: list[str] = []
     for pattern in patterns:
         if glob.has_magic(pattern) and not os.path.exists(pattern):
-            matches = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+            matches = sorted(
+                p for p in glob.glob(pattern) if os.path.isfile(p) or (datasets and _dataset(p))
+            )
             if not matches:
                 raise UsageError(f"{shown(pattern)}: no file matches this pattern")
             found.extend(matches)
             continue
+        if datasets and _dataset(pattern):
+            found.append(pattern)
+            continue
         check_readable(pattern)
         found.append(pattern)
     return found
+
+
+def _dataset(path: str) -> bool:
+    """A directory, or a Megatron prefix (its ``.idx`` exists)."""
+    return os.path.isdir(path) or (not os.path.exists(path) and os.path.isfile(path + ".idx"))
 
 
 def check_output_argument(args: argparse.Namespace, inputs: Sequence[str]) -> None:

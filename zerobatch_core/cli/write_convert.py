@@ -98,7 +98,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     if args.address is not None and args.engine != "ray":
         raise UsageError("--address applies only to --engine ray")
-    inputs = readable_inputs(args.sources)
+    inputs = readable_inputs(args.sources, datasets=True)
     if args.engine == "ray":
         _check_ray_output(args, inputs)
         return _convert_with_ray(args, inputs)
@@ -126,6 +126,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
             workers=args.workers or 1,
             align=args.align,
             bos_token=args.bos_token,
+            column=args.column,
+            column_dtype=args.column_dtype,
             overwrite=args.overwrite,
             allow_empty=args.allow_empty,
             shard_batches=args.shard_batches,
@@ -157,7 +159,8 @@ def _convert_with_ray(args: argparse.Namespace, inputs: Sequence[str]) -> int:
     if kind != "text" or args.align != "contiguous" or args.bos_token is not None:
         raise UsageError(
             f"--engine ray converts text sources only, not {kind} (nor --align, --bos-token); "
-            "convert nanoGPT shards and .npy arrays with the local engine"
+            "convert token sources (nanoGPT, .npy, Megatron, Hugging Face, MDS, Atlas) with "
+            "the local engine"
         )
     try:
         from ..ingest.ray_convert import convert_with_ray
@@ -321,10 +324,14 @@ def register(sub: Any) -> None:
     _add_shape_options(p, "tokens per record: the training sequence length (required)", True)
     p.add_argument(
         "--kind",
-        choices=["nanogpt", "npy", "text"],
+        "--format",
+        dest="kind",
+        choices=["nanogpt", "npy", "text", "megatron", "hf", "mds", "atlas"],
         default=None,
-        help="the kind of every source (default: from the file suffixes: .bin nanogpt, .npy "
-        "npy, .parquet .jsonl .json .txt text)",
+        help="the kind of every source (default: detected: .bin nanoGPT, .npy, .parquet .jsonl "
+        ".json .txt text; a Megatron PREFIX (.bin + .idx), a Hugging Face save_to_disk "
+        "directory or .arrow file, parquet with a token column, an MDS directory, an Atlas "
+        "directory)",
     )
     _add_output_options(p)
     text = p.add_argument_group("text sources")
@@ -385,12 +392,28 @@ def register(sub: Any) -> None:
         "HOST:PORT or ray://HOST:10001 (default: RAY_ADDRESS if set, else a new local cluster "
         "for this command)",
     )
-    nanogpt = p.add_argument_group("nanoGPT sources")
+    nanogpt = p.add_argument_group("token sources (nanoGPT, Megatron, Hugging Face, MDS, Atlas)")
     nanogpt.add_argument(
         "--align",
-        choices=["contiguous", "bos"],
+        choices=["contiguous", "bos", "documents"],
         default="contiguous",
-        help="contiguous: cut records one after another; bos: start every record at a --bos-token",
+        help="contiguous: cut records one after another (each file on its own); bos (nanoGPT): "
+        "start every record at a --bos-token; documents (Megatron, Hugging Face, MDS, Atlas): "
+        "start every record at a document",
+    )
+    nanogpt.add_argument(
+        "--column",
+        default="input_ids",
+        metavar="NAME",
+        help="Hugging Face, MDS, Atlas: the column (or field) holding each document's token ids "
+        "(default: input_ids)",
+    )
+    nanogpt.add_argument(
+        "--column-dtype",
+        default=None,
+        metavar="DTYPE",
+        help="MDS bytes columns: the tokens' dtype, e.g. uint16, int32 (default: none; ndarray "
+        "columns carry their own)",
     )
     nanogpt.add_argument(
         "--bos-token",

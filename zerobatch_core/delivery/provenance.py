@@ -226,6 +226,8 @@ class StepTrace:
         order = f"block_size {self.block_size}, seed {self.seed}, " + (
             "shuffled" if self.shuffle else "storage order"
         )
+        if any(p.producer is not None for p in self.pieces):
+            order = "commit order (a live dataset's order is its producers')"
         cols = ", ".join(f"[{lo}, {hi})" for lo, hi in self.columns)
         out = [] if self.component is None else self.component.lines()
         out += [

@@ -52,12 +52,21 @@ from ..errors import IngestError, WriteError
 from ..files.writer import CHUNK_BYTES, check_output, write_batch_dataset
 from ..tokenization.parallel import tokenize_documents
 from .arrays import ArrayFile, ArraySource
+from .formats import (
+    DEFAULT_COLUMN,
+    TOKEN_FORMATS,
+    FormatOptions,
+    detect_format,
+    open_token_files,
+    side_files,
+)
 from .nanogpt import Align, BinShard, NanoGPTSource, bos_index_path
 from .packing import Mode, PackingStats, make_records
 from .source import CountsTokens, Drop, RecordSource, U32Block, default_chunk_records
 from .text import TextSource, read_documents
+from .token_files import Layout, TokenFileSource
 
-Kind = Literal["nanogpt", "npy", "text"]
+Kind = Literal["nanogpt", "npy", "text", "megatron", "hf", "mds", "atlas"]
 _SUFFIXES: dict[str, Kind] = {
     ".bin": "nanogpt",
     ".npy": "npy",
@@ -184,15 +193,25 @@ _DROP_ADVICE = {
 }
 
 
-def detect_kind(paths: Sequence[str]) -> Kind:
-    """The source kind all ``paths`` share (by suffix), or an error naming the odd one out."""
+def detect_kind(paths: Sequence[str], column: str = DEFAULT_COLUMN) -> Kind:
+    """The source kind all ``paths`` share, or an error naming the odd one out.
+
+    Other systems' token formats are recognised by their files (``formats.detect_format``:
+    Megatron prefixes and ``.idx``, Hugging Face, MDS and Atlas directories, ``.arrow`` files,
+    parquet files whose ``column`` holds token lists); everything else by its suffix.
+    """
     kinds: set[Kind] = set()
     for p in paths:
+        found = detect_format(p, column)
+        if found is not None:
+            kinds.add(found)
+            continue
         suffix = os.path.splitext(p)[1].lower()
         if suffix not in _SUFFIXES:
             raise IngestError(
                 f"{p}: cannot tell the source kind from the suffix {suffix!r}; expected one of "
-                f"{', '.join(sorted(_SUFFIXES))} (or pass kind=...)"
+                f"{', '.join(sorted(_SUFFIXES))}, a Megatron prefix, or a Hugging Face, MDS or "
+                "Atlas directory (or pass kind=...)"
             )
         kinds.add(_SUFFIXES[suffix])
     if len(kinds) != 1:
@@ -211,13 +230,35 @@ def open_source(
     text_field: str = "text",
     per_line: bool = False,
     workers: int = 1,
-    align: Align = "contiguous",
+    align: Align | Literal["documents"] = "contiguous",
     bos_token: int | None = None,
+    column: str = DEFAULT_COLUMN,
+    column_dtype: str | None = None,
 ) -> RecordSource:
-    """The ``RecordSource`` for ``sources`` (glob patterns allowed)."""
+    """The ``RecordSource`` for ``sources`` (glob patterns allowed).
+
+    Other systems' token formats (``kind`` ``megatron``, ``hf``, ``mds``, ``atlas``) take
+    ``align="contiguous"`` or ``"documents"`` (one record per document start), ``column``
+    (the token column or field) and ``column_dtype`` (the dtype of an MDS ``bytes`` column).
+    """
     if not sources:
         raise IngestError("no sources given")
-    k = kind or detect_kind([os.fspath(s) for s in sources])
+    names = [os.fspath(s) for s in sources]
+    k = kind or detect_kind(names, column)
+    if k in TOKEN_FORMATS:
+        if align == "bos" or bos_token is not None:
+            raise IngestError(
+                f"{k} inputs have documents: cut records at them with align='documents' "
+                "(--align documents), not at a BOS token"
+            )
+        layout: Layout = "documents" if align == "documents" else "contiguous"
+        files = open_token_files(k, names, FormatOptions(column, column_dtype))
+        return TokenFileSource(files, seq_len, layout, kind=k)
+    if align == "documents":
+        raise IngestError(
+            f"align='documents' is for inputs with documents (Megatron, Hugging Face, MDS, "
+            f"Atlas); {k} inputs take 'contiguous'{' or bos' if k == 'nanogpt' else ''}"
+        )
     if k == "nanogpt":
         return NanoGPTSource(list(sources), seq_len, align=align, bos_token=bos_token)
     if k == "npy":
@@ -296,6 +337,8 @@ def source_files(src: RecordSource) -> list[str]:
         return src.paths
     if isinstance(src, TextSource):
         return src.files
+    if isinstance(src, TokenFileSource):
+        return side_files(src.files)
     return []
 
 
@@ -424,6 +467,9 @@ class _FileRanges:
             ]
         elif isinstance(src, ArraySource):
             self.counts = [ArrayFile(p).count_records(src.seq_len) for p in self.paths]
+        elif isinstance(src, TokenFileSource):
+            self.paths = src.paths
+            self.counts = src.record_counts()
         elif isinstance(src, TextSource):
             self._options = options
         else:

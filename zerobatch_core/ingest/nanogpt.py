@@ -77,10 +77,10 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..arguments import U32_MAX, int_arg
 from ..errors import IngestError
+from .records import I64Array, bos_record_starts, gather_records
 from .source import (
     Drop,
     PathLike,
@@ -123,7 +123,6 @@ _INDEX_HINT = (
 )
 
 Align = Literal["contiguous", "bos"]
-I64Array = npt.NDArray[np.int64]
 TokenArray = npt.NDArray[np.unsignedinteger[Any]]
 
 
@@ -325,7 +324,7 @@ class BinShard:
         if _check_align(align, bos_token) == "contiguous":
             return np.arange(self.num_tokens // t, dtype=np.int64) * t
         assert bos_token is not None  # checked by _check_align
-        return _bos_record_starts(self.bos_positions(bos_token), t, self.num_tokens)
+        return bos_record_starts(self.bos_positions(bos_token), t, self.num_tokens)
 
     def count_records(
         self, seq_len: int, align: Align = "contiguous", bos_token: int | None = None
@@ -367,30 +366,20 @@ class BinShard:
                 yield rows.astype(np.uint32, copy=False)  # ``rows`` is this block's own
 
     def _gathered_blocks(self, starts: I64Array, t: int, k: int) -> Iterator[U32Block]:
-        """Records of ``t`` tokens at ``starts`` (ascending, non-overlapping).
-
-        Each read covers the records that end within one window (``SCAN_CHUNK_BYTES`` of
-        tokens, at least ``t`` tokens) from the first of them, up to the end of the last: a run
-        of nearby records is one read, and the gaps between far-apart records are never read.
-        """
+        """Records of ``t`` tokens at ``starts`` (ascending, non-overlapping), read a window
+        (``SCAN_CHUNK_BYTES`` of tokens) at a time (``records.gather_records``)."""
         if starts.size == 0:
             return
         window = max(t, SCAN_CHUNK_BYTES // self.itemsize)
         buf = np.empty(window, dtype=self.dtype)
         with self._open() as src:
-            for i in range(0, starts.size, k):
-                part = starts[i : i + k]
-                block = np.empty((part.size, t), dtype=np.uint32)
-                j = 0
-                while j < part.size:
-                    lo = int(part[j])
-                    # records [j, e) end within tokens [lo, lo + window)
-                    e = max(j + 1, int(np.searchsorted(part, lo + window - t, side="right")))
-                    chunk = buf[: int(part[e - 1]) + t - lo]
-                    self._read(src, lo, chunk)
-                    block[j:e] = sliding_window_view(chunk, t)[part[j:e] - lo]
-                    j = e
-                yield block
+
+            def read(lo: int, hi: int) -> TokenArray:
+                chunk = buf[: hi - lo]
+                self._read(src, lo, chunk)
+                return chunk
+
+            yield from gather_records(starts, t, k, window, read)
 
     def __repr__(self) -> str:
         return (
@@ -413,33 +402,6 @@ def _check_align(align: object, bos_token: object) -> Align:
         int_arg("bos_token", bos_token, 0, U32_MAX, IngestError)
         return "bos"
     raise IngestError(f"align must be 'contiguous' or 'bos', got {align!r}")
-
-
-def _bos_record_starts(bos: I64Array, seq_len: int, num_tokens: int) -> I64Array:
-    """Record starts in ``bos`` mode, by pointer doubling instead of a per-record loop.
-
-    ``nxt[j]`` is the first BOS at or after ``bos[j] + seq_len``, so the starts are the chain
-    ``0, nxt(0), nxt(nxt(0)), ...``. With ``jump`` = ``nxt`` composed ``2**r`` times, the chain
-    known so far (its first ``2**r`` links) extended by ``jump`` of itself gives the first
-    ``2**(r+1)``: O(n log(records)) vectorised work for ``n`` BOS tokens. ``n`` is the
-    sentinel "no further BOS", mapped to itself.
-    """
-    n = int(bos.size)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    jump = np.empty(n + 1, dtype=np.int64)
-    jump[:n] = np.searchsorted(bos, bos + seq_len, side="left")
-    jump[n] = n
-    chain = np.zeros(1, dtype=np.int64)
-    while True:
-        ahead = jump[chain]
-        ahead = ahead[ahead < n]
-        if ahead.size == 0:
-            break
-        chain = np.concatenate([chain, ahead])
-        jump = jump[jump]
-    starts = bos[chain]
-    return starts[starts + seq_len <= num_tokens]  # only the last can run past the end
 
 
 def expand_shards(patterns: Patterns) -> list[str]:

@@ -404,6 +404,11 @@ class _Plan:
             counts = [end - entry.first_unit for entry, end in zip(inputs, ends, strict=True)]
             formats: list[str] = [format or detect_format(p) for p in files]
             per_unit, token_files = 0, None
+        elif found not in ("nanogpt", "npy"):
+            raise IngestError(
+                f"produce reads text, nanoGPT shards and .npy arrays, not {found} inputs: "
+                "convert them to a dataset first (zerobatch convert)"
+            )
         else:
             if mode != "pack":
                 raise IngestError(f"mode={mode!r} applies to text; {found} files hold records")

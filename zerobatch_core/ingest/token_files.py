@@ -1,7 +1,7 @@
 """Token files with documents: the corpora other systems wrote, read as one kind of source.
 
 Megatron-LM indexed datasets (``megatron.py``), Hugging Face Arrow datasets
-(``huggingface.py``), MosaicML MDS shards (``mds.py``) and Atlas shards (``atlas.py``) all
+(``hf_datasets.py``), MosaicML MDS shards (``mds.py``) and Atlas shards (``atlas.py``) all
 hold, per input file, a sequence of documents of token ids. Each format module opens its files
 as :class:`TokenFile`: the file's documents concatenated into one stream of ``num_tokens``
 tokens, read by ranges (``read_tokens``), and the position in that stream where each document
@@ -32,17 +32,19 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..arguments import U32_MAX
 from ..errors import IngestError
-from .nanogpt import I64Array, _bos_record_starts
+from .records import I64Array, bos_record_starts, gather_records
 from .source import Drop, U32Block, check_chunk_records, check_seq_len
 
 Layout = Literal["contiguous", "documents"]
 LAYOUTS: tuple[Layout, ...] = ("contiguous", "documents")
 
 IntArray = npt.NDArray[np.integer[Any]]
+
+DEFAULT_COLUMN = "input_ids"
+"""The column (or field) holding each document's token ids, where a format names one."""
 
 WINDOW_BYTES = 4 * 2**20
 """Bytes of tokens read at once when gathering records."""
@@ -95,7 +97,9 @@ def record_starts(f: TokenFile, seq_len: int, layout: Layout) -> I64Array:
     if starts.size > 1 and bool((np.diff(starts) < 0).any()):
         raise IngestError(f"{f.path}: document starts are not ascending")
     starts = starts[starts < f.num_tokens]  # empty documents at the very end start no record
-    return _bos_record_starts(np.unique(starts), t, f.num_tokens)
+    if starts.size > 1:  # ascending: drop repeats (empty documents) by their neighbours
+        starts = starts[np.concatenate([[True], starts[1:] != starts[:-1]])]
+    return bos_record_starts(starts, t, f.num_tokens)
 
 
 def record_blocks(
@@ -109,24 +113,14 @@ def record_blocks(
     """
     t = check_seq_len(seq_len)
     k = check_chunk_records(chunk_records, t)
-    window = max(t, WINDOW_BYTES // max(1, f.dtype.itemsize))
-    for i in range(0, starts.size, k):
-        part = starts[i : i + k]
-        block = np.empty((part.size, t), dtype=np.uint32)
-        j = 0
-        while j < part.size:
-            lo = int(part[j])
-            e = max(j + 1, int(np.searchsorted(part, lo + window - t, side="right")))
-            hi = int(part[e - 1]) + t
-            chunk = f.read_tokens(lo, hi)
-            if chunk.shape != (hi - lo,):
-                raise IngestError(
-                    f"{f.path}: tokens [{lo}, {hi}) came back as {chunk.shape[0]} tokens"
-                )
-            rows = sliding_window_view(_as_u32(f, chunk, lo), t)
-            block[j:e] = rows[part[j:e] - lo]
-            j = e
-        yield block
+
+    def read(lo: int, hi: int) -> npt.NDArray[np.uint32]:
+        chunk = f.read_tokens(lo, hi)
+        if chunk.shape != (hi - lo,):
+            raise IngestError(f"{f.path}: tokens [{lo}, {hi}) came back as {chunk.shape[0]} tokens")
+        return _as_u32(f, chunk, lo)
+
+    return gather_records(starts, t, k, max(t, WINDOW_BYTES // max(1, f.dtype.itemsize)), read)
 
 
 def _as_u32(
@@ -230,6 +224,7 @@ class TokenFileSource:
 
 
 __all__ = [
+    "DEFAULT_COLUMN",
     "LAYOUTS",
     "WINDOW_BYTES",
     "Layout",

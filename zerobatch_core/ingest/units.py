@@ -20,7 +20,8 @@ import numpy as np
 from ..errors import IngestError
 from ..tokenization.protocol import import_optional
 from .arrays import ArrayFile
-from .nanogpt import Align, BinShard, I64Array
+from .nanogpt import Align, BinShard
+from .records import I64Array
 from .source import U32Block
 from .text import (
     DEFAULT_BATCH_ROWS,

@@ -20,7 +20,9 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -269,9 +271,40 @@ class TiktokenTokenizer:
         return cls.from_file(path, pattern=encoding, bos=bos, eos=eos, name=name or spec)
 
     def encode_batch(self, texts: list[str]) -> list[U32Array]:
-        """Ids of each text (``encode_ordinary_batch``: special-token strings are plain text)."""
-        ids = self._enc.encode_ordinary_batch(texts, num_threads=self.num_threads)
-        return [np.array(x, dtype=np.uint32) for x in ids]
+        """Ids of each text, as ``encode_ordinary`` gives them (special-token strings are plain
+        text).
+
+        Each text goes through ``encode_to_numpy``, which releases the interpreter lock and
+        returns uint32 ids without building a Python list, on a pool of ``num_threads``
+        threads made once per tokenizer (``encode_ordinary_batch`` starts a new pool on every
+        call and builds a list of ints per text under the lock).
+        """
+        encode = partial(self._enc.encode_to_numpy, allowed_special=set(), disallowed_special=())
+        n = min(self.num_threads, len(texts))
+        if n <= 1:
+            return [encode(t) for t in texts]
+        pool = self._threads()
+        step = -(-len(texts) // n)
+        parts = pool.map(
+            lambda i: [encode(t) for t in texts[i : i + step]], range(0, len(texts), step)
+        )
+        return [ids for part in parts for ids in part]
+
+    def _threads(self) -> ThreadPoolExecutor:
+        """The encoding threads, started on first use (and after a ``num_threads`` change)."""
+        found: tuple[ThreadPoolExecutor, int] | None = self.__dict__.get("_pool")
+        if found is not None and found[1] == self.num_threads:
+            return found[0]
+        if found is not None:
+            found[0].shutdown(wait=False)
+        pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="zb-tiktoken")
+        self.__dict__["_pool"] = (pool, self.num_threads)
+        return pool
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_pool", None)  # threads do not travel; a copy starts its own
+        return state
 
     def decode(self, ids: npt.ArrayLike) -> str:
         """Text of ``ids``, special tokens skipped, invalid UTF-8 replaced."""
