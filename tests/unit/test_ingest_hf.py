@@ -205,7 +205,8 @@ def test_a_renamed_column_is_read_with_column(datasets_lib: Any, tmp_path: Path)
         expand_hf(tmp_path / "ds")
     path = dataset_files(tmp_path / "ds")[0]
     assert str(e.value) == (
-        f"{path}: no column 'input_ids' (columns: tokens); pass column= to name the token column"
+        f"{path}: no column 'input_ids' (columns: tokens); name the token column with column= "
+        "(--column on the command line)"
     )
 
 

@@ -248,8 +248,8 @@ def open_source(
     if k in TOKEN_FORMATS:
         if align == "bos" or bos_token is not None:
             raise IngestError(
-                f"{k} inputs have documents: cut records at them with align='documents' "
-                "(--align documents), not at a BOS token"
+                f"{k} inputs have documents: cut records at them with align='documents', "
+                "not at a BOS token"
             )
         layout: Layout = "documents" if align == "documents" else "contiguous"
         files = open_token_files(k, names, FormatOptions(column, column_dtype))

@@ -101,8 +101,8 @@ _UNIT_NAMES: dict[Container, str] = {
 }
 _TEXT_HINT = (
     "text, not token ids: tokenize it with a tokenizer (zerobatch convert reads text from "
-    "parquet or JSONL with --tokenizer; export it with Dataset.to_parquet), or pass column= "
-    "to name the token column"
+    "parquet or JSONL with --tokenizer; export it with Dataset.to_parquet), or name the "
+    "token column (column=, --column on the command line)"
 )
 
 
@@ -478,8 +478,8 @@ class HFTokenFile(Closing):
             if reader.field < 0:
                 raise IngestError(
                     f"{self._path}: no column {column!r} (columns: "
-                    f"{', '.join(reader.schema.names) or 'none'}); pass column= to name the "
-                    "token column"
+                    f"{', '.join(reader.schema.names) or 'none'}); name the token column with "
+                    "column= (--column on the command line)"
                 )
             vt = token_value_type(
                 self._pa, reader.schema.field(reader.field).type, self._path, column
