@@ -523,10 +523,13 @@ def _list_tokens(value: list[Any] | tuple[Any, ...], where: str) -> U32Array:
         j, v = next((j, v) for j, v in enumerate(value) if type(v) is not int)
         shown = f" ({_short(v, 40)})" if isinstance(v, (float, bool)) else ""
         raise _BadExampleError(f"{where}token {j} is {_kind(v)}{shown}, expected an int")
-    if min(value) < 0 or max(value) > U32_MAX:
+    # Checked on the array NumPy makes of the ints (int64, uint64, or object for ints beyond
+    # 64 bits): about half the time of Python's min and max over the list.
+    arr = np.array(value)
+    if arr.dtype.kind not in "iu" or int(arr.min()) < 0 or int(arr.max()) > U32_MAX:
         j, v = next((j, v) for j, v in enumerate(value) if not 0 <= v <= U32_MAX)
         raise _BadExampleError(f"{where}token {j} is {_short(v, 40)}, outside [0, 2**32 - 1]")
-    return np.array(value, dtype=np.uint32)
+    return arr.astype(np.uint32)
 
 
 # --- metadata -------------------------------------------------------------------------------------
