@@ -221,3 +221,82 @@ def test_an_oversized_record_is_refused_before_it_is_read(tmp_path: Path, monkey
     monkeypatch.setattr(production, "MAX_RECORD_BYTES", 100)
     with pytest.raises(ProductionError, match="more than the 100 a production record may hold"):
         read_record(store, "p-1")
+
+
+def test_pinned_values_of_the_records() -> None:
+    """The values SPEC.md section 22 fixes: the domain tag, the record limit, the start."""
+    from zerobatch_core.live.production import MAX_RECORD_BYTES, START
+
+    assert DOMAIN_UNITS == 4 and MAX_RECORD_BYTES == 64 * 2**20
+    assert Cursor(0, 0, 0, 0) == START
+    whole = replace(RECORD, producers=1, index=0)  # seed 5, units 0..9
+    assert whole.order(0).tolist() == [7, 3, 8, 5, 4, 2, 0, 9, 6, 1]
+    assert whole.order(1).tolist() == [7, 1, 3, 5, 4, 2, 8, 0, 6, 9]
+
+
+def test_records_are_values() -> None:
+    import dataclasses
+
+    rows = np.zeros((1, 4), dtype=np.int64)
+    for value, name in (
+        (RECORD, "seed"),
+        (RECORD.inputs[0], "path"),
+        (Cursor(0, 0, 0, 0), "token"),
+        (BatchesRecord("p", 0, 1, Cursor(0, 0, 0, 0), rows), "end"),
+    ):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, 1)
+
+
+def test_the_producer_record_bytes_are_fixed() -> None:
+    """Two lives of a producer write the same ``producer.json``: one layout, UTF-8 kept."""
+    record = replace(RECORD, inputs=(InputEntry("/data/é.parquet", "parquet", 1, 1),))
+    data = record.to_json()
+    assert data.startswith(b'{\n "format": "zerobatch.produce",\n "version": 1,\n')
+    assert '"path": "/data/é.parquet"'.encode() in data and data.endswith(b"}\n")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "ok"),
+    [
+        ("seq_len", 0, False),
+        ("seq_len", 1, True),
+        ("batch_size", 0, False),
+        ("batch_size", 1, True),
+        ("batches_per_object", 0, False),
+        ("batches_per_object", 1, True),
+        ("seed", 2**64 - 1, True),
+        ("seed", 2**64, False),
+    ],
+)
+def test_field_bounds(tmp_path: Path, field: str, value: int, ok: bool) -> None:
+    store = LocalStore(str(tmp_path))
+    store.write(record_key("p-1"), json.dumps({**_record_doc(), field: value}).encode())
+    if ok:
+        found = read_record(store, "p-1")
+        assert found is not None and getattr(found, field) == value
+    else:
+        with pytest.raises(ProductionError, match=rf"field '{field}' is {value}, not in"):
+            read_record(store, "p-1")
+
+
+def test_the_record_limit_is_inclusive(tmp_path: Path, monkeypatch: Any) -> None:
+    from zerobatch_core.live import production
+
+    store = LocalStore(str(tmp_path))
+    data = RECORD.to_json()
+    store.write(record_key("p-1"), data)
+    monkeypatch.setattr(production, "MAX_RECORD_BYTES", len(data))
+    assert read_record(store, "p-1") == RECORD
+    monkeypatch.setattr(production, "MAX_RECORD_BYTES", len(data) - 1)
+    with pytest.raises(ProductionError, match="more than the"):
+        read_record(store, "p-1")
+
+
+def test_a_short_rows_field_says_what_it_should_hold(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path))
+    rows = np.zeros((3 * 8, 4), dtype=np.int64)
+    doc = json.loads(BatchesRecord("p-1", 4, 7, Cursor(0, 0, 0, 0), rows).to_json())
+    store.write(batches_key("p-1", 7), json.dumps({**doc, "rows": doc["rows"][:-4]}).encode())
+    with pytest.raises(ProductionError, match=r"expected 96 \(4 per row of 3 batches of 8 rows\)"):
+        read_batches(store, "p-1", 7, 8)
