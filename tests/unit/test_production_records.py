@@ -168,6 +168,7 @@ def test_a_malformed_producer_record_is_named(
     [
         (b"\xff", "not JSON"),
         (b"[1]", "expected a JSON object, got list"),
+        (b"[" * 100_000, "not JSON: nested too deeply"),
         (b'{"format": "zerobatch.produce", "version": 1}', "field 'inputs' is missing"),
     ],
 )

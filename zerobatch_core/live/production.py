@@ -390,8 +390,10 @@ def _read(store: Store, key: str) -> bytes | None:
 def _object(data: bytes, where: str, format: str) -> dict[str, Any]:
     try:
         doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # not UTF-8, or not JSON
         raise ProductionError(f"{where}: not JSON: {e}") from None
+    except RecursionError:
+        raise ProductionError(f"{where}: not JSON: nested too deeply to read") from None
     if not isinstance(doc, dict):
         raise ProductionError(f"{where}: expected a JSON object, got {type(doc).__name__}")
     if doc.get("format") != format:
