@@ -6,7 +6,9 @@ reads from the file only the rows its own devices hold, and
 ``jax.make_array_from_process_local_data`` copies each device's rows from the host straight
 to that device, once: no device ever holds, or gathers, the whole batch. The core's look-ahead
 keeps the next ``prefetch`` batches in flight while the training step runs, and ``state_dict``
-counts only the batches the loop received (``zerobatch_core.BatchStream``).
+counts only the batches the loop received (``zerobatch_core.BatchStream``). A uint16 file's
+tokens (dtype 1) cross as they are stored, half the bytes of int32, and the devices widen them
+to ``dtype``: the batches equal those of the uint32 file of the same tokens.
 
 Usage::
 
@@ -56,17 +58,20 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import jax
 import numpy as np
 from jax.sharding import Sharding
+from zerobatch_spec import DTYPE_UINT16, TOKEN_DTYPE, token_dtype
 
 from zerobatch_core import (
     BatchSource,
     BatchStream,
     Layout,
+    OutputDType,
     Slicing,
     Source,
     Stage,
     StreamOptions,
     resolve_rank_world,
 )
+from zerobatch_core.delivery.loader import LabelDType
 
 from .jax_sharding import (
     CONTEXT_AXIS,
@@ -112,6 +117,9 @@ class DocumentBatch(TypedDict, total=False):
     cu_seqlens: np.ndarray[Any, np.dtype[np.int32]]
 
 
+NARROW_DTYPE = token_dtype(DTYPE_UINT16)
+"""The stored token dtype that crosses to the devices as it is and is widened there."""
+
 # Typed name for a JAX entry point that is unannotated in JAX itself.
 _make_array: Callable[[Sharding, np.ndarray[Any, Any], tuple[int, ...]], jax.Array] = (
     jax.make_array_from_process_local_data
@@ -128,7 +136,9 @@ class JaxBatchIterator(BatchStream[Any]):
     labels share one dtype, ``dtype`` (int32 by default, JAX's own integer width: the core's
     zero-copy view; ids of 2**31 and above wrap to negative numbers. ``"int64"`` needs
     ``jax.config.update("jax_enable_x64", True)``); ``optax``/``jax.nn`` cross-entropy takes
-    int32 labels.
+    int32 labels. From a uint16 file the devices receive the stored uint16 tokens (half the
+    bytes of each host-to-device copy) and widen them to ``dtype`` with one compiled
+    conversion per array shape: exactly the values of the same tokens stored as uint32.
 
     ``bos_id`` (packed rows whose documents start with that token) makes each item a
     ``DocumentBatch`` dict: ``tokens`` (or ``inputs`` and ``labels``) plus the core's document
@@ -176,6 +186,25 @@ class JaxBatchIterator(BatchStream[Any]):
             )
         self.sharding: Sharding = default_sharding() if sharding is None else sharding
         super().__init__(source, **options)
+        self._widen: Callable[[jax.Array], jax.Array] | None = None
+
+    def _widener(self) -> Callable[[jax.Array], jax.Array]:
+        """uint16 tokens to ``dtype`` where they lie, each device its own part: one function
+        for the iterator, compiled once per array shape (jit's cache) and reused by every
+        batch and epoch."""
+        if self._widen is None:
+            dtype = np.dtype(self.dtype)
+            self._widen = jax.jit(lambda tokens: tokens.astype(dtype), out_shardings=self.sharding)
+        return self._widen
+
+    def _host_dtypes(
+        self, dtype: OutputDType, token_dtype: np.dtype[Any] = TOKEN_DTYPE
+    ) -> tuple[OutputDType, LabelDType]:
+        """uint16 tokens and labels as stored (the devices widen them); otherwise ``dtype``
+        and int64 labels, converted on the host."""
+        if np.dtype(token_dtype) == NARROW_DTYPE:
+            return "native", "native"
+        return dtype, "int64"
 
     def _slicing(
         self,
@@ -245,9 +274,12 @@ class JaxBatchIterator(BatchStream[Any]):
             return _host
         dtype = np.dtype(self.dtype)
         sharding, shape = self.sharding, self.global_shape
+        widen = self._widener() if self.loader.token_dtype == NARROW_DTYPE else None
 
         def to_devices(local_block: np.ndarray[Any, Any]) -> jax.Array:
             # One global array from this process's block: each device gets its part, once.
+            if widen is not None and local_block.dtype == NARROW_DTYPE:  # crosses as stored
+                return widen(_make_array(sharding, local_block, shape))
             return _make_array(sharding, local_block.astype(dtype, copy=False), shape)
 
         return to_devices

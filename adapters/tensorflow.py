@@ -28,7 +28,9 @@ every element a dict that adds the document layout of ``zerobatch_core.document_
 computed in the graph with a few vectorised ops per batch (``cu_seqlens`` has shape ``[None]``).
 
 Token ids at or above 2**31 wrap to negative values with ``dtype="int32"`` (a bit-cast, exactly
-like the core's int32 view); use ``"int64"`` for vocabularies that large.
+like the core's int32 view); use ``"int64"`` for vocabularies that large. A uint16 file (dtype 1)
+is read as ``tf.uint16`` records, half the bytes, and cast to ``dtype`` in the graph: the same
+elements as the uint32 file of the same tokens.
 
 ``tf.distribute``: pass the ``tf.distribute.InputContext`` that
 ``strategy.distribute_datasets_from_function`` hands its function as ``input_context=``; input
@@ -50,7 +52,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
-from zerobatch_spec import U64_MAX, batch_offset, expected_file_size
+from zerobatch_spec import (
+    DTYPE_UINT16,
+    U64_MAX,
+    batch_offset,
+    dtype_code,
+    padded_batch_bytes,
+    token_dtype,
+)
 
 from zerobatch_core import (
     BatchFileReader,
@@ -70,6 +79,9 @@ __all__ = ["TFBatchDataset", "tf_dataset"]
 
 _TF_DTYPES: dict[str, Any] = {"int32": tf.int32, "int64": tf.int64}
 
+NARROW_DTYPE = token_dtype(DTYPE_UINT16)
+"""The stored token dtype decoded as ``tf.uint16`` (uint32 tokens decode as their int32 bits)."""
+
 
 class TFBatchDataset(BatchStream[Any]):
     """A file's or a dataset's batches as ``tf.data`` elements, in ``BatchNativeLoader``'s order.
@@ -80,7 +92,9 @@ class TFBatchDataset(BatchStream[Any]):
     any TensorFlow op runs. Elements are the rank's share ``[G // world_size, width]`` in
     ``dtype`` (int32 bit-cast, or int64 zero-extended), ``(inputs, labels)`` with
     ``next_token`` (labels always int64, exact for every uint32 id), or a dict with
-    ``bos_id``. Shapes are static (``cu_seqlens`` excepted).
+    ``bos_id``. Shapes are static (``cu_seqlens`` excepted). A uint16 file gives the same
+    elements: its records are decoded as ``tf.uint16`` and cast in the graph (and on the
+    ``from_generator`` path the core loader widens them).
 
     The pipeline reads with TensorFlow's own record reader when each step is one stored batch
     and one contiguous token range, with nothing skipped and no checksum to check (a file, or a
@@ -202,6 +216,8 @@ class TFBatchDataset(BatchStream[Any]):
         lo, hi = loader.columns[0]
         next_token, out_dtype = loader.next_token, _TF_DTYPES[self.dtype]
         files, slot_bytes, locate = _slot_locator(source)
+        # decode_raw has no uint32: uint32 tokens are read as int32 (the same bits).
+        stored = tf.uint16 if source.token_dtype == NARROW_DTYPE else tf.int32
 
         def slot_ranges(index: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
             """``[spans, 3]``: the file, and its bytes before and after, of each span of slots
@@ -226,8 +242,7 @@ class TFBatchDataset(BatchStream[Any]):
         extra = 1 if next_token else 0
 
         def decode(record: Any) -> Any:
-            # decode_raw has no uint32: read the little-endian words as int32 (the same bits).
-            words = tf.io.decode_raw(record, tf.int32, little_endian=True)
+            words = tf.io.decode_raw(record, stored, little_endian=True)
             tokens = words[rows.start * seq_len : rows.stop * seq_len]
             mine = tf.reshape(tokens, [rows.stop - rows.start, seq_len])[:, lo : hi + extra]
             if bos is not None:
@@ -257,23 +272,23 @@ def _slot_locator(
     """The source's file names (a string tensor), its slot size, and a function giving, for a
     run of slots ``[start, stop)`` inside one file, ``(file, bytes before, bytes after)``."""
     b, t = source.batch_size, source.seq_len
+    code = dtype_code(source.token_dtype.name)
     if isinstance(source, BatchFileReader):
         size = source.file_size
 
         def in_file(start: int, stop: int) -> tuple[int, int, int]:
-            return 0, batch_offset(start, b, t), size - batch_offset(stop, b, t)
+            return 0, batch_offset(start, b, t, code), size - batch_offset(stop, b, t, code)
 
-        return tf.constant([source.path]), source.padded_batch_bytes, in_file
+        return tf.constant([source.path]), padded_batch_bytes(b, t, code), in_file
     names = [source.shard_path(i) for i in range(len(source.shards))]
     sizes = [shard.size for shard in source.shards]
 
     def in_shard(start: int, stop: int) -> tuple[int, int, int]:
         shard, local = source.locate(start)
         end = local + stop - start
-        return shard, batch_offset(local, b, t), sizes[shard] - batch_offset(end, b, t)
+        return shard, batch_offset(local, b, t, code), sizes[shard] - batch_offset(end, b, t, code)
 
-    slot = expected_file_size(b, t, 1) - expected_file_size(b, t, 0)
-    return tf.constant(names), slot, in_shard
+    return tf.constant(names), padded_batch_bytes(b, t, code), in_shard
 
 
 def _tensor(array: Any) -> Any:
@@ -294,22 +309,45 @@ def tf_dataset(
     **options: Any,
 ) -> Any:
     """The ``tf.data.Dataset`` of ``TFBatchDataset(source, **options)`` from its cursor, or from
-    ``state`` (any adapter's ``state_dict``): ``num_epochs`` epochs, ``None`` for ever."""
-    with TFBatchDataset(source, **options) as data:
+    ``state`` (any adapter's ``state_dict``): ``num_epochs`` epochs, ``None`` for ever.
+
+    A pipeline of TensorFlow's record reader needs nothing open here; one served through
+    ``from_generator`` (see ``TFBatchDataset``) keeps the source open for as long as the
+    dataset exists, since its generator reads through it.
+    """
+    data = TFBatchDataset(source, **options)
+    try:
         if state is not None:
             data.load_state_dict(dict(state))
-        return data.dataset(num_epochs)
+        dataset = data.dataset(num_epochs)
+    except BaseException:
+        data.close()
+        raise
+    if data._native():
+        data.close()
+    return dataset
 
 
 def _convert(words: Any, out_dtype: Any) -> Any:
-    """uint32 tokens held as int32 bits, as ``out_dtype``.
+    """Stored tokens (uint16, or uint32 held as int32 bits) as ``out_dtype``.
 
-    int32 keeps the bits (ids >= 2**31 wrap, like the core's int32 view); int64 goes through
-    uint32 so that it zero-extends, giving every uint32 id exactly.
+    uint16 casts exactly to either. For uint32, int32 keeps the bits (ids >= 2**31 wrap, like
+    the core's int32 view); int64 goes through uint32 so that it zero-extends, giving every
+    uint32 id exactly.
     """
+    if words.dtype == tf.uint16:
+        return tf.cast(words, out_dtype)
     if out_dtype == tf.int32:
         return words
     return tf.cast(tf.bitcast(words, tf.uint32), out_dtype)
+
+
+def _is_bos(tokens: Any, bos_id: int) -> Any:
+    """Where ``tokens`` (uint16, or uint32 held as int32 bits) equal ``bos_id``."""
+    if tokens.dtype == tf.uint16:  # the core loader refuses an id no uint16 token can be
+        return tf.equal(tokens, tf.constant(bos_id, tf.uint16))
+    bos = tf.constant(np.array(bos_id, dtype=np.uint32).view(np.int32))  # the id's int32 bits
+    return tf.equal(tokens, bos)
 
 
 def _documents(words: Any, bos_id: int, next_token: bool, out_dtype: Any) -> dict[str, Any]:
@@ -331,8 +369,7 @@ def _documents(words: Any, bos_id: int, next_token: bool, out_dtype: Any) -> dic
         item = {"tokens": _convert(words, out_dtype)}
         tokens = words
     rows, width = tokens.shape  # static
-    bos = tf.constant(np.array(bos_id, dtype=np.uint32).view(np.int32))  # the id's int32 bits
-    starts = tf.logical_or(tf.equal(tokens, bos), tf.equal(tf.range(width), 0)[tf.newaxis, :])
+    starts = tf.logical_or(_is_bos(tokens, bos_id), tf.equal(tf.range(width), 0)[tf.newaxis, :])
     flat = tf.reshape(starts, [-1])
     first = tf.cast(tf.where(flat)[:, 0], tf.int32)  # flat index of every document's start
     document = tf.cumsum(tf.cast(flat, tf.int32)) - 1  # document of every token, over the batch

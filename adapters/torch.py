@@ -20,16 +20,23 @@ Usage (``TorchBatchLoader`` keeps an exact, JSON-able cursor, workers or not)::
 ``TorchBatchDataset`` is the building block for a plain ``DataLoader(ds, batch_size=None,
 num_workers=k)`` or torchdata's ``StatefulDataLoader``; ``TorchBatchLoader`` wraps the same
 stream for the common case, with an exact cursor, int64 conversions on a background thread and
-an optional device stage that moves int32 and widens on the device.
+an optional device stage that moves int32 (uint16 for a uint16 file: half the bytes again) and
+widens on the device.
 
-Worker processes and tokens. Every batch is a view of a file this process can map itself, so a
+Token widths. A uint16 file (dtype 1) serves the same tensors as the uint32 file of the same
+tokens: int32 by default, int64 on request, int64 labels. On the host the core's background stage
+widens them (int32 tensors are then pooled copies, not views of the file); with ``device=`` the
+stored uint16 tokens cross, and the device widens them.
+
+Worker processes and tokens. Every batch is made from a file this process can map itself, so a
 batch made in a ``DataLoader`` worker does not travel as data: what crosses the process boundary
-is where it lies in which file (``Shipped``), and the parent makes the same view (int32) or
-conversion (int64) from its own mapping. A batch that a worker-side transform changed, or one
-that is not a single region of the file, travels as its bytes through the worker's pipe. The
-one remaining cost per batch is the ``DataLoader``'s own hand-over (tens of microseconds here):
-for batches that need no per-batch work, ``num_workers=0`` (or ``TorchBatchLoader``, which serves
-from this process whatever ``num_workers`` says) is the fast choice.
+is where it lies in which file (``Shipped``), and the parent makes the same view (int32 of a
+uint32 file) or conversion (int64, or int32 of a uint16 file) from its own mapping. A batch that
+a worker-side transform changed, or one that is not a single region of the file, travels as its
+bytes through the worker's pipe. The one remaining cost per batch is the ``DataLoader``'s own
+hand-over (tens of microseconds here): for batches that need no per-batch work,
+``num_workers=0`` (or ``TorchBatchLoader``, which serves from this process whatever
+``num_workers`` says) is the fast choice.
 
 Packed rows (several documents per row, each starting with a BOS token): ``bos_id=...`` makes
 every batch a dict of tensors that adds the core's document layout for variable-length
@@ -54,9 +61,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
-from zerobatch_spec import U32_MAX
+from zerobatch_spec import DTYPE_UINT16, TOKEN_DTYPE, U32_MAX, token_dtype
 
 from zerobatch_core import (
     BatchStream,
@@ -112,6 +120,12 @@ DocumentBatch = dict[str, torch.Tensor]
 
 TorchItem = torch.Tensor | NextTokenBatch | DocumentBatch
 
+NARROW_DTYPE = token_dtype(DTYPE_UINT16)
+"""The stored token dtype that crosses to a device as it is (``torch.uint16``) and is widened
+there; uint32 tokens cross as their int32 bits instead (PyTorch has no general uint32)."""
+
+_TORCH_DTYPES = {"int32": torch.int32, "int64": torch.int64}
+
 
 class MeshCoordinates(NamedTuple):
     """This process's data- and context-parallel coordinates in a ``DeviceMesh``."""
@@ -162,10 +176,11 @@ def mesh_coordinates(mesh: DeviceMesh) -> MeshCoordinates:
 class _TorchStream(BatchStream[TorchItem]):
     """What both PyTorch classes share: tensors, coordinates from ``torch.distributed``.
 
-    int32 tensors are zero-copy views of the read-only mapped file (exact for ids below
-    2**31): **never modify them in place** (``t.add_(1)`` would crash the process with
-    SIGSEGV); ``.clone()`` or ``.long()`` first. int64 tensors are copies; labels are always
-    int64, as ``cross_entropy`` wants. PyTorch has no general uint32 support.
+    int32 tensors of a uint32 file are zero-copy views of the read-only mapped file (exact for
+    ids below 2**31): **never modify them in place** (``t.add_(1)`` would crash the process
+    with SIGSEGV); ``.clone()`` or ``.long()`` first. int64 tensors, and int32 tensors of a
+    uint16 file, are copies; labels are always int64, as ``cross_entropy`` wants. PyTorch has
+    no general uint32 support.
 
     ``device_mesh`` (a ``DeviceMesh`` with named dimensions) gives the data- and
     context-parallel coordinates wherever explicit ones are not given (``mesh_coordinates``);
@@ -200,9 +215,15 @@ class _TorchStream(BatchStream[TorchItem]):
             return self._mesh.context_rank, self._mesh.context_size
         return None
 
+    @property
+    def token_dtype(self) -> np.dtype[Any]:
+        """NumPy dtype of the source's stored tokens (what crosses to a device as it is)."""
+        return self.loader.token_dtype
+
     def _converter(self, key: str) -> Callable[[Any], torch.Tensor]:
-        if key == "labels" and self.loader.label_dtype == "uint32":
-            return _int32_tensor  # the same bits; widened where they arrive
+        served = self.loader.label_dtype if key == "labels" else self.loader.dtype
+        if served in ("uint32", "native"):  # the stored tokens, widened where they arrive
+            return _stored_tensor
         return torch.from_numpy
 
     def _pair(self, inputs: Any, labels: Any) -> NextTokenBatch:
@@ -216,8 +237,11 @@ class _TorchStream(BatchStream[TorchItem]):
         return super().__iter__()
 
 
-def _int32_tensor(array: Any) -> torch.Tensor:
-    return torch.from_numpy(array.view(np.int32))
+def _stored_tensor(array: npt.NDArray[Any]) -> torch.Tensor:
+    """Stored tokens as a tensor, no copy: uint32 as their int32 bits, uint16 as they are."""
+    if array.dtype.itemsize == TOKEN_DTYPE.itemsize:
+        return torch.from_numpy(array.view(np.int32))
+    return torch.from_numpy(array)
 
 
 class TorchBatchDataset(_TorchStream, IterableDataset[TorchItem]):
@@ -268,6 +292,8 @@ class TorchBatchLoader(_TorchStream):
     batch there on a background thread, ``prefetch`` batches ahead: tokens and labels cross as
     int32 (half the bytes of int64) and are widened on the device where int64 is asked for
     (``dtype="int64"``, and labels), exactly for every uint32 id, so the host converts nothing.
+    A uint16 file's tokens cross as uint16 (a quarter of int64's bytes) and the device widens
+    them to ``dtype`` (and labels to int64): the same values as from a uint32 file.
     ``pin_memory=True`` copies each batch through a ring of
     reused pinned buffers first (no pinned allocation per batch), for asynchronous copies;
     without ``device`` it pins each host batch. ``device_mesh`` gives the parallel coordinates,
@@ -295,12 +321,29 @@ class TorchBatchLoader(_TorchStream):
             if self.pin_memory and self.device is not None
             else None
         )
-        wide = {"labels"} | ({"tokens", "inputs"} if self.dtype == "int64" else set())
-        self._widen = wide if self.device is not None else set()
+        self._widen = self._widened() if self.device is not None else {}
 
-    def _host_dtypes(self, dtype: OutputDType) -> tuple[OutputDType, LabelDType]:
-        # With a device, int32 crosses and the device widens: no conversion on the host.
-        return ("int32", "uint32") if self.device is not None else (dtype, "int64")
+    def _widened(self) -> dict[str, torch.dtype]:
+        """The fields the device widens, and to what: every token field of a uint16 file; int64
+        tokens (``dtype="int64"``) and labels of a uint32 file, whose int32 bits cross."""
+        out = _TORCH_DTYPES[self.dtype]
+        if self.token_dtype == NARROW_DTYPE:
+            return {"tokens": out, "inputs": out, "labels": torch.int64}
+        wide = {"labels": torch.int64}
+        if self.dtype == "int64":
+            wide |= {"tokens": torch.int64, "inputs": torch.int64}
+        return wide
+
+    def _host_dtypes(
+        self, dtype: OutputDType, token_dtype: np.dtype[Any] = TOKEN_DTYPE
+    ) -> tuple[OutputDType, LabelDType]:
+        """With a device, the stored tokens cross and the device widens: no conversion on the
+        host (uint16 as they are; uint32 as int32 views, labels as the uint32 tokens)."""
+        if self.device is None:
+            return dtype, "int64"
+        if np.dtype(token_dtype) == NARROW_DTYPE:
+            return "native", "native"
+        return "int32", "uint32"
 
     def _stage(self) -> Stage | None:
         return "thread" if self.device is not None or self.pin_memory else None
@@ -324,9 +367,12 @@ class TorchBatchLoader(_TorchStream):
             moved = self.ring.send(key, tensor)
         else:
             moved = tensor.to(device, non_blocking=True)
-        if key in self._widen:  # int32 bits of uint32 ids: zero-extend
-            moved = moved.to(torch.int64).bitwise_and_(U32_MAX)
-        return moved
+        target = self._widen.get(key)
+        if target is None or moved.dtype == target:
+            return moved
+        if moved.dtype == torch.int32:  # int32 bits of uint32 ids: zero-extend
+            return moved.to(torch.int64).bitwise_and_(U32_MAX)
+        return moved.to(target)  # uint16 ids: exact in int32 and int64
 
 
 def _can_pin(warn: bool = True) -> bool:

@@ -6,16 +6,18 @@ the main process can map itself. ``Shipped`` tensors (a subclass that behaves as
 operations on it return plain tensors) remember that region; when the ``DataLoader`` sends one,
 ``multiprocessing`` uses ``_reduce_shipped``, which sends the file's path and identity and the
 region's coordinates if the tensor still holds exactly those tokens, and its bytes otherwise. The
-main process rebuilds the batch from its own mapping (``_rebuild_region``): int32 as a view of
-it, int64 converted into a pooled array. Sending a tensor the default way costs a fresh
-shared-memory segment and a descriptor hand-over per batch (about 1 ms here); coordinates cost
-what the ``DataLoader``'s own hand-over costs (measured in ``benchmarks/RESULTS.md``).
+main process rebuilds the batch from its own mapping (``_rebuild_region``): int32 of a uint32
+file as a view of it; int64, and int32 of a uint16 file, converted into a pooled array. Sending
+a tensor the default way costs a fresh shared-memory segment and a descriptor hand-over per
+batch (about 1 ms here); coordinates cost what the ``DataLoader``'s own hand-over costs
+(measured in ``benchmarks/RESULTS.md``).
 
 Devices. ``StagingRing`` copies each field of a batch into one of a few reused host buffers,
 pinned where the platform can, and from there to the device: no pinned allocation per batch.
 
-int32 batches are views of a read-only mapping, and ``torch.from_numpy`` warns about that once
-per process; the warning is silenced for calls from the PyTorch adapter's modules only.
+int32 batches of a uint32 file (and the uint16 tokens a device path moves) are views of a
+read-only mapping, and ``torch.from_numpy`` warns about that once per process, whatever the
+dtype; the warning is silenced for calls from the PyTorch adapter's modules only.
 """
 
 from __future__ import annotations
@@ -184,7 +186,7 @@ class Shipped(torch.Tensor):
     tensors), sent to the parent as file coordinates while it is unchanged."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
-    _zb_region: Any = None  # the uint32 view of the file this tensor was made from
+    _zb_region: Any = None  # the view of the file's tokens this tensor was made from
     _zb_where: tuple[Any, ...] | None = None  # (path, identity, slot, r0, r1, c0, c1)
 
 
@@ -205,10 +207,12 @@ def _unchanged(tensor: Shipped) -> bool:
     region = tensor._zb_region
     if region is None or tuple(tensor.shape) != region.shape:
         return False
-    if tensor.dtype == torch.int32:  # a view of the read-only mapping: compare where it lies
+    if tensor.element_size() == region.itemsize:  # a view of the mapping: compare where it lies
         strides = tuple(s // region.itemsize for s in region.strides)
         return tensor.data_ptr() == region.ctypes.data and tensor.stride() == strides
-    return tensor.dtype == torch.int64 and bool(np.array_equal(tensor.numpy(), region))
+    # A widened copy (int64, or int32 of uint16 tokens): compare the values.
+    widened = tensor.dtype in (torch.int32, torch.int64)
+    return widened and bool(np.array_equal(tensor.numpy(), region))
 
 
 def _reduce_shipped(tensor: Shipped) -> tuple[Any, tuple[Any, ...]]:
@@ -226,7 +230,7 @@ _READERS: collections.OrderedDict[tuple[str, tuple[int, ...]], BatchFileReader] 
 )
 _READERS_LOCK = threading.Lock()
 _MAX_READERS = 64
-_POOLS: dict[tuple[int, ...], BufferPool] = {}
+_POOLS: dict[tuple[tuple[int, ...], str], BufferPool] = {}  # by region shape and dtype
 
 
 def _rebuild_region(
@@ -254,12 +258,14 @@ def _rebuild_region(
                 _READERS.popitem(last=False)[1].close()
         _READERS.move_to_end(key)
         region = reader.read_batch(local)[r0:r1, c0:c1]
-        if dtype == "torch.int32":
-            return torch.from_numpy(region.view(np.int32))
-        pool = _POOLS.get(region.shape)
+        kind = np.dtype(dtype.removeprefix("torch."))
+        if kind.itemsize == region.itemsize:  # int32 of uint32 tokens, or the tokens themselves
+            return torch.from_numpy(region.view(kind))
+        shape_dtype = (region.shape, kind.str)
+        pool = _POOLS.get(shape_dtype)
         if pool is None:
-            pool = _POOLS[region.shape] = BufferPool(region.shape, np.int64)
-        return torch.from_numpy(convert_into(pool, region, np.int64))
+            pool = _POOLS[shape_dtype] = BufferPool(region.shape, kind)
+        return torch.from_numpy(convert_into(pool, region, kind))
 
 
 def _rebuild_bytes(data: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from zerobatch_spec import HEADER_SIZE, Header, parse_header
+from zerobatch_spec import DTYPE_UINT32, HEADER_SIZE, Header, parse_header
 from zerobatch_spec.dataset import (
     CHECKSUM_BYTES,
     CHECKSUMS_NAME,
@@ -43,10 +43,14 @@ Files = dict[str, bytes | None]
 Records = npt.NDArray[np.uint32]
 
 
-def shard_bytes(records: Records, batch_size: int, seq_len: int, seed: int) -> bytes:
-    """The LLMBATCH file the file writer (section 7) makes of ``records`` with ``seed``."""
+def shard_bytes(
+    records: Records, batch_size: int, seq_len: int, seed: int, dtype: int = DTYPE_UINT32
+) -> bytes:
+    """The LLMBATCH file the file writer (section 7) makes of ``records`` with ``seed``, its
+    tokens of dtype code ``dtype``."""
     total = int(records.shape[0])
-    return assemble(Header(batch_size, seq_len, total // batch_size, seed, total), records)
+    header = Header(batch_size, seq_len, total // batch_size, seed, total, dtype=dtype)
+    return assemble(header, records)
 
 
 def slot_sums(data: bytes) -> list[int]:
@@ -78,11 +82,15 @@ def build_dataset(
     seed: int,
     shards: Sequence[tuple[str, bytes, tuple[int, int] | None]],
     sources: Sequence[Source] = (),
+    dtype: int = DTYPE_UINT32,
 ) -> Files:
-    """A dataset's files: the shards, the checksums of all their slots, and the manifest."""
+    """A dataset's files: the shards (all of dtype code ``dtype``), the checksums of all their
+    slots, and the manifest."""
     sums = checksums_file([v for _, data, _ in shards for v in slot_sums(data)])
     entries = tuple(shard_entry(name, data, records) for name, data, records in shards)
-    manifest = Manifest(batch_size, seq_len, seed, entries, bytes_xxh3(sums), tuple(sources))
+    manifest = Manifest(
+        batch_size, seq_len, seed, entries, bytes_xxh3(sums), tuple(sources), dtype=dtype
+    )
     files: Files = {name: data for name, data, _ in shards}
     files[CHECKSUMS_NAME] = sums
     files[MANIFEST_NAME] = build_manifest(manifest)
@@ -96,16 +104,18 @@ def sharded(
     shard_batches: int,
     seed: int,
     sources: Sequence[Source] = (),
+    dtype: int = DTYPE_UINT32,
 ) -> Files:
     """The sharded writer's dataset (section 12): consecutive ranges of
-    ``shard_batches * batch_size`` records, shard ``i`` written with ``shard_seed(seed, i)``."""
+    ``shard_batches * batch_size`` records, shard ``i`` written with ``shard_seed(seed, i)``,
+    every shard of dtype code ``dtype``."""
     per_shard = shard_batches * batch_size
     shards = []
     for i, first in enumerate(range(0, int(records.shape[0]), per_shard)):
         part = records[first : first + per_shard]
-        data = shard_bytes(part, batch_size, seq_len, shard_seed(seed, i))
+        data = shard_bytes(part, batch_size, seq_len, shard_seed(seed, i), dtype)
         shards.append((SHARD_NAME_FORMAT.format(i), data, (first, first + int(part.shape[0]))))
-    return build_dataset(batch_size, seq_len, seed, shards, sources)
+    return build_dataset(batch_size, seq_len, seed, shards, sources, dtype)
 
 
 def manifest_of(files: Files) -> Manifest:
@@ -122,17 +132,18 @@ def with_manifest(files: Files, edit: Callable[[Manifest], Manifest]) -> Files:
     return {**files, MANIFEST_NAME: build_manifest(edit(manifest_of(files)))}
 
 
-def records_of(count: int, seq_len: int, salt: int) -> Records:
-    """``count`` pseudo-random records of ``seq_len`` tokens."""
-    return pseudo_tokens(count * seq_len, salt).reshape(count, seq_len)
+def records_of(count: int, seq_len: int, salt: int, dtype: int = DTYPE_UINT32) -> Records:
+    """``count`` pseudo-random records of ``seq_len`` tokens over dtype ``dtype``'s range."""
+    return pseudo_tokens(count * seq_len, salt, dtype).reshape(count, seq_len)
 
 
 BASE_BATCH_SIZE, BASE_SEQ_LEN, BASE_SEED = 2, 3, 3
 
 
-def base_records() -> Records:
-    """The 7 input records of the base dataset."""
-    return records_of(7, BASE_SEQ_LEN, salt=77)
+def base_records(dtype: int = DTYPE_UINT32) -> Records:
+    """The 7 input records of the base dataset (over dtype ``dtype``'s range: for uint16 the
+    low 16 bits of the uint32 base's tokens)."""
+    return records_of(7, BASE_SEQ_LEN, salt=77, dtype=dtype)
 
 
 def base() -> Files:

@@ -11,12 +11,15 @@ rules.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from zerobatch_spec import (
+    DTYPE_UINT16,
+    DTYPE_UINT32,
     HEADER_SIZE,
     U32_MAX,
     U64_MAX,
@@ -113,6 +116,7 @@ def describe(files: Files) -> dict[str, Any]:
         "valid": True,
         "batch_size": manifest.batch_size,
         "seq_len": manifest.seq_len,
+        "dtype": manifest.dtype,
         "seed": manifest.seed,
         "num_batches": manifest.num_batches,
         "shard_batches": manifest.shard_batches,
@@ -145,8 +149,10 @@ def writer_input(
     shard_batches: int,
     seed: int,
     sources: Sequence[Source] = (),
+    dtype: int = DTYPE_UINT32,
 ) -> dict[str, Any]:
-    """What the golden test gives the sharded writer to reproduce a vector byte for byte."""
+    """What the golden test gives the sharded writer to reproduce a vector byte for byte (the
+    dtype code only where it is not 0, as in a file's writer input)."""
     return {
         "dataset_writer_input": {
             "records": records.tolist(),
@@ -155,6 +161,7 @@ def writer_input(
             "shard_batches": shard_batches,
             "seed": seed,
             "sources": [{"path": s.path, "records": list(s.records)} for s in sources],
+            **({"dtype": dtype} if dtype != DTYPE_UINT32 else {}),
         }
     }
 
@@ -169,11 +176,12 @@ def written(
     seed: int,
     flags: Sequence[str],
     sources: Sequence[Source] = (),
+    dtype: int = DTYPE_UINT32,
 ) -> Vector:
     """A valid dataset the sharded writer makes of ``count`` pseudo-random records."""
-    records = records_of(count, seq_len, salt=1000 + seed + count)
-    files = sharded(records, batch_size, seq_len, shard_batches, seed, sources)
-    extra = writer_input(records, batch_size, seq_len, shard_batches, seed, sources)
+    records = records_of(count, seq_len, salt=1000 + seed + count, dtype=dtype)
+    files = sharded(records, batch_size, seq_len, shard_batches, seed, sources, dtype)
+    extra = writer_input(records, batch_size, seq_len, shard_batches, seed, sources, dtype)
     return valid_dataset(vid, comment, files, ["writer", *flags], extra)
 
 
@@ -240,6 +248,49 @@ def valid_datasets() -> Iterator[Vector]:
         ["empty-shard", "described"],
         {"dataset_create_input": {"names": [n for n, _, _ in parts], "seed": 9}},
     )
+    yield written(
+        "dataset-valid-uint16",
+        "sharded writer, dtype 1: 11 records of 3 uint16 tokens, 2 per batch, 2 batches per "
+        'shard: shards of 4, 4 and 3 records (one dropped); the manifest says "dtype": 1',
+        11,
+        2,
+        3,
+        2,
+        7,
+        ["uint16", "padding", "remainder", "sources"],
+        (Source("train.bin", (0, 11)),),
+        DTYPE_UINT16,
+    )
+    yield written(
+        "dataset-valid-uint16-no-padding",
+        "sharded writer, dtype 1: 33 records of 128 uint16 tokens, 16 per batch (4096 bytes, "
+        "no padding; as uint32 they would fill 8192), 1 batch per shard: the last shard holds "
+        "one record and no batch",
+        33,
+        16,
+        128,
+        1,
+        0,
+        ["uint16", "no-padding", "remainder", "empty-shard"],
+        dtype=DTYPE_UINT16,
+    )
+    u16_parts = [("b.batch", 5, 31), ("a.batch", 2, 32)]
+    u16_shards = [
+        (
+            name,
+            shard_bytes(records_of(n, 7, salt, DTYPE_UINT16), 1, 7, salt, DTYPE_UINT16),
+            None,
+        )
+        for name, n, salt in u16_parts
+    ]
+    yield valid_dataset(
+        "dataset-valid-uint16-described-files",
+        "two uint16 files of 1 x 7 tokens described as a dataset, in the order given: 5 and 2 "
+        "batches; dataset seed 4",
+        build_dataset(1, 7, 4, u16_shards, dtype=DTYPE_UINT16),
+        ["uint16", "described", "padding"],
+        {"dataset_create_input": {"names": [n for n, _, _ in u16_parts], "seed": 4}},
+    )
     yield valid_dataset(
         "dataset-valid-unknown-keys-and-files",
         "keys the manifest does not define (a 30-digit integer, a float, nested values) are "
@@ -293,9 +344,7 @@ def with_checksums_digest(files: Files) -> Files:
     sums = files[CHECKSUMS_NAME]
     assert sums is not None
     digest = bytes_xxh3(sums)
-    return with_manifest(
-        files, lambda m: Manifest(m.batch_size, m.seq_len, m.seed, m.shards, digest, m.sources)
-    )
+    return with_manifest(files, lambda m: dataclasses.replace(m, checksums_xxh3=digest))
 
 
 def recomputed(files: Files) -> Files:
@@ -418,6 +467,7 @@ def shard_vectors() -> Iterator[Vector]:
             m.batch_size, m.seq_len, m.seed, (first, second), m.checksums_xxh3, m.sources
         )
 
+    yield from dtype_shard_vectors()
     yield broken(
         "dataset-shard-header-digest",
         "the manifest's header_xxh3 of shard-00001.batch differs from its header; fields agree",
@@ -425,6 +475,39 @@ def shard_vectors() -> Iterator[Vector]:
         SHARD1,
         with_manifest(files, wrong_digest),
         ["shard"],
+    )
+
+
+def dtype_shard_vectors() -> Iterator[Vector]:
+    """Shards of the other dtype, where the slot sizes agree (2 x 3 tokens fit one page either
+    way), so that only the header (rule 10) tells them apart."""
+    mismatch = DatasetCode.SHARD_HEADER_MISMATCH.value
+    files = base()
+    records = base_records(DTYPE_UINT16)[4:]  # shard-00001.batch's records, low 16 bits
+    seed = shard_seed(BASE_SEED, 1)
+    narrow = shard_bytes(records, BASE_BATCH_SIZE, BASE_SEQ_LEN, seed, DTYPE_UINT16)
+    assert len(narrow) == len(files[SHARD1] or b"")
+    yield broken(
+        "dataset-shard-uint16-in-uint32-dataset",
+        "shard-00001.batch replaced by a dtype 1 file of its shape, seed and record count (the "
+        "low 16 bits of its tokens): the same size, a valid file, but not the manifest's dtype",
+        mismatch,
+        SHARD1,
+        {**files, SHARD1: narrow},
+        ["shard", "uint16"],
+    )
+    narrow_records = base_records(DTYPE_UINT16)
+    u16 = sharded(narrow_records, BASE_BATCH_SIZE, BASE_SEQ_LEN, 2, BASE_SEED, (), DTYPE_UINT16)
+    wide = shard_bytes(narrow_records[:4], BASE_BATCH_SIZE, BASE_SEQ_LEN, shard_seed(BASE_SEED, 0))
+    assert len(wide) == len(u16[SHARD0] or b"")
+    yield broken(
+        "dataset-shard-uint32-in-uint16-dataset",
+        'a "dtype": 1 dataset whose shard-00000.batch is the same records as a dtype 0 file: '
+        "the same size, a valid file, but its dtype is not the manifest's",
+        mismatch,
+        SHARD0,
+        {**u16, SHARD0: wide},
+        ["shard", "uint16"],
     )
 
 

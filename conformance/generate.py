@@ -11,9 +11,9 @@ Vector files in DIR:
 * ``<id>.expected.json``: ``{"id", "comment", "flags", "input", "expected"}``;
 * ``index.json``: every vector's id, input, flags and comment, in order.
 
-The file and query vectors are made here; the dataset vectors in ``dataset_vectors.py``, the
-live-dataset vectors (``<id>.live``: a descriptor and one manifest version) in
-``live_vectors.py``.
+The file and query vectors are made here, those of both token dtypes (dtype 1, ``uint16``:
+the ``u16-*`` vectors); the dataset vectors in ``dataset_vectors.py``, the live-dataset
+vectors (``<id>.live``: a descriptor and one manifest version) in ``live_vectors.py``.
 """
 
 from __future__ import annotations
@@ -23,17 +23,18 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from zerobatch_spec import (
     DOMAIN_RECORDS,
+    DTYPE_UINT16,
+    DTYPE_UINT32,
     HEADER_SIZE,
     MAGIC,
     RESERVED_OFFSET,
-    TOKEN_DTYPE,
     U32_MAX,
     U64_MAX,
     ErrorCode,
@@ -41,7 +42,9 @@ from zerobatch_spec import (
     build_header,
     epoch_key,
     epoch_order,
+    find_violation,
     permute_array,
+    token_max,
 )
 from zerobatch_spec.layout import RESERVED_SIZE
 
@@ -79,10 +82,13 @@ def valid_vector(
     flags: list[str],
     records: npt.NDArray[np.uint32] | None = None,
     total_records_field: int | None = None,
+    dtype: int = DTYPE_UINT32,
 ) -> Vector:
-    """A valid file written from ``records`` (default: pseudo-random tokens)."""
+    """A valid file of dtype code ``dtype`` written from ``records`` (default: pseudo-random
+    tokens over the dtype's range)."""
     if records is None:
-        records = pseudo_tokens(total * seq_len, salt=seed + total).reshape(total, seq_len)
+        tokens = pseudo_tokens(total * seq_len, salt=seed + total, dtype=dtype)
+        records = tokens.reshape(total, seq_len)
     nb = total // batch_size
     header = Header(
         batch_size=batch_size,
@@ -90,8 +96,9 @@ def valid_vector(
         num_batches=nb,
         seed=seed,
         total_records=total if total_records_field is None else total_records_field,
+        dtype=dtype,
     )
-    data = assemble(Header(batch_size, seq_len, nb, seed, total), records)
+    data = assemble(Header(batch_size, seq_len, nb, seed, total, dtype=dtype), records)
     data = build_header(header) + data[HEADER_SIZE:]
     orders = [
         {
@@ -116,6 +123,8 @@ def valid_vector(
             "batch_size": batch_size,
             "seq_len": seq_len,
             "seed": seed,
+            # the dtype code, stated only where it is not 0 (older inputs have no such key)
+            **({"dtype": dtype} if dtype != DTYPE_UINT32 else {}),
         }
     return Vector(vid, comment, ["valid", *flags], ".batch", data, expected, extra)
 
@@ -127,9 +136,11 @@ def small_header(**overrides: int) -> Header:
 
 
 def small_body(header: Header) -> bytes:
-    recs = pseudo_tokens(header.num_batches * header.batch_size * header.seq_len, 99)
+    """Slots of pseudo-random tokens of the header's dtype, and zero padding."""
+    count = header.num_batches * header.batch_size * header.seq_len
+    recs = pseudo_tokens(count, 99, header.dtype)
     nb, b, t = header.num_batches, header.batch_size, header.seq_len
-    slots = np.zeros((nb, header.slot_words), dtype=TOKEN_DTYPE)
+    slots = np.zeros((nb, header.slot_words), dtype=header.token_dtype)
     slots[:, : b * t] = recs.reshape(nb, b * t)
     return slots.tobytes()
 
@@ -301,11 +312,16 @@ def invalid_vectors() -> Iterator[Vector]:
             "unsupported_version",
             raw_header(small_header(version=v)) + body,
         )
-    # 4. unsupported_dtype
-    for d in (1, U32_MAX):
+    # 4. unsupported_dtype: every code but 0 and 1 (a u32, all four bytes of it)
+    for d, comment in (
+        (2, "dtype 2, the first code no revision assigns"),
+        (256, "dtype 256: low byte 0, a reader of one byte would take it for uint32"),
+        (65537, "dtype 65537: low 16 bits 1, a reader of two bytes would take it for uint16"),
+        (U32_MAX, f"dtype {U32_MAX}"),
+    ):
         yield invalid_vector(
             f"unsupported-dtype-{d}",
-            f"dtype {d}",
+            comment,
             "unsupported_dtype",
             raw_header(small_header(dtype=d)) + body,
         )
@@ -417,7 +433,7 @@ def invalid_vectors() -> Iterator[Vector]:
         (
             "version-and-dtype",
             "unsupported_version",
-            raw_header(small_header(version=2, dtype=1)) + body,
+            raw_header(small_header(version=2, dtype=2)) + body,
         ),
         (
             "dtype-and-shape",
@@ -449,6 +465,244 @@ def invalid_vectors() -> Iterator[Vector]:
         yield invalid_vector(
             f"order-{name}", f"several rules broken; {code} comes first", code, data, ["rule-order"]
         )
+
+
+# -- dtype 1: uint16 tokens -----------------------------------------------------------------
+
+U16 = "uint16"
+"""The flag of every vector about a dtype 1 file."""
+
+
+def u16_valid_vectors() -> Iterator[Vector]:
+    """Valid dtype 1 files: with and without padding, token extremes, no batches (also at the
+    largest shape), one token; each small one with its writer input."""
+    cases: list[tuple[str, str, int, int, int, int, list[str]]] = [
+        ("basic", "4x8 batches of 64 bytes, 13 records: one dropped", 4, 8, 13, 42,
+         ["padding", "remainder"]),
+        ("no-padding", "raw batch is exactly 4096 bytes: 2x1024 tokens", 2, 1024, 4, 1,
+         ["no-padding"]),
+        ("two-page-exact", "raw batch is exactly 8192 bytes: 2x2048 tokens", 2, 2048, 2, 9,
+         ["no-padding"]),
+        ("multipage-padding", "5x600 tokens: raw 6000 bytes pad to 8192", 5, 600, 5, 3,
+         ["padding"]),
+        ("half-page", "4x256 tokens: 2048 bytes, padded to a page they would fill as uint32",
+         4, 256, 4, 6, ["padding"]),
+        ("zero-batches", "3 records, batch_size 4: header only", 4, 8, 3, 7,
+         ["zero-batches", "remainder"]),
+        ("zero-records", "no records at all", 2, 2, 0, 0, ["zero-batches"]),
+        ("zero-batches-max-shape",
+         "batch_size = seq_len = 2^32-1, no records: the header alone; padded_batch_bytes "
+         "(about 2^65) exceeds 2^64", U32_MAX, U32_MAX, 0, 0, ["zero-batches", "max-shape"]),
+        ("one-token", "batch_size 1, seq_len 1: 2 token bytes in a page", 1, 1, 5, 11,
+         ["one-token", "padding"]),
+        ("seed-max", "seed 2^32-1", 3, 5, 9, U32_MAX, ["seed"]),
+        ("many-batches", "40 batches for block orders", 2, 4, 81, 123,
+         ["block-order", "remainder"]),
+    ]  # fmt: skip
+    for name, comment, b, t, total, seed, flags in cases:
+        yield valid_vector(
+            f"u16-valid-{name}", comment, b, t, total, seed, [U16, *flags], dtype=DTYPE_UINT16
+        )
+    top = token_max(DTYPE_UINT16)
+    extremes = np.array([[0, 1, 255, 256, 2**15 - 1, 2**15, top - 1, top]] * 4, dtype=np.uint32)
+    extremes[1] = extremes[1][::-1]
+    extremes[2, :] = top
+    extremes[3, :] = 0
+    yield valid_vector(
+        "u16-valid-token-extremes",
+        "tokens 0, 255, 256, 2^15-1, 2^15, 65535: every value of the type is a token",
+        2,
+        8,
+        4,
+        0,
+        [U16, "token-range"],
+        records=extremes,
+        dtype=DTYPE_UINT16,
+    )
+    yield valid_vector(
+        "u16-valid-total-records-larger",
+        "total_records above batches*batch_size",
+        2,
+        4,
+        6,
+        8,
+        [U16, "remainder"],
+        total_records_field=1000,
+        dtype=DTYPE_UINT16,
+    )
+
+
+def u16_header(**overrides: int) -> Header:
+    """The header every broken dtype 1 vector starts from: 2 batches of 2x1536 tokens, 6144
+    bytes padded to 8192 (as uint32 they would fill 12288, three pages, unpadded)."""
+    fields = {"batch_size": 2, "seq_len": 1536, "num_batches": 2, "seed": 5, "total_records": 4}
+    fields.update({"dtype": DTYPE_UINT16, **overrides})
+    return Header(**fields)
+
+
+def u16_invalid(
+    name: str, comment: str, code: str, data: bytes, flags: Sequence[str] = ()
+) -> Vector:
+    """A broken file about dtype 1, its code checked against ``zerobatch_spec``'s rules (a deep
+    vector passes rules 1-8)."""
+    found = find_violation(data[:HEADER_SIZE], len(data))
+    if code == ErrorCode.NONZERO_PADDING.value:
+        assert found is None, (name, found)
+    else:
+        assert found is not None and found.code.value == code, (name, found)
+    return invalid_vector(f"u16-{name}", comment, code, data, [U16, *flags])
+
+
+def u16_invalid_vectors() -> Iterator[Vector]:
+    """Every rule broken by a dtype 1 file, sizes of the other dtype, and the overflow cases
+    computed for 2-byte tokens."""
+    good = u16_header()
+    body = small_body(good)
+    full = raw_header(good) + body
+    as_u32 = small_body(u16_header(dtype=DTYPE_UINT32))  # the same records' uint32 slots
+    for n in (0, 28, 32, HEADER_SIZE - 1):
+        yield u16_invalid(
+            f"truncated-header-{n}",
+            f"a dtype 1 file cut to {n} bytes",
+            "truncated_header",
+            full[:n],
+            ["off-by-one"] if n == HEADER_SIZE - 1 else [],
+        )
+    yield u16_invalid(
+        "bad-magic",
+        "a dtype 1 file with magic llmbatch",
+        "bad_magic",
+        raw_header(good, magic=b"llmbatch") + body,
+    )
+    for v in (0, 2):
+        yield u16_invalid(
+            f"unsupported-version-{v}",
+            f"version {v}, dtype 1",
+            "unsupported_version",
+            raw_header(u16_header(version=v)) + body,
+        )
+    yield u16_invalid(
+        "invalid-shape-batch-size-0",
+        "batch_size 0, dtype 1",
+        "invalid_shape",
+        raw_header(u16_header(batch_size=0, num_batches=0)),
+    )
+    yield u16_invalid(
+        "invalid-shape-seq-len-0",
+        "seq_len 0, dtype 1",
+        "invalid_shape",
+        raw_header(u16_header(seq_len=0)) + body,
+    )
+    for off in (RESERVED_OFFSET, HEADER_SIZE - 1):
+        yield u16_invalid(
+            f"nonzero-reserved-{off}",
+            f"byte {off} set, dtype 1",
+            "nonzero_reserved",
+            raw_header(good, reserved=reserved_with(off)) + body,
+        )
+    size = ErrorCode.SIZE_MISMATCH.value
+    yield u16_invalid("size-one-byte-short", "last byte missing", size, full[:-1], ["off-by-one"])
+    yield u16_invalid(
+        "size-one-byte-extra", "one trailing byte", size, full + b"\x00", ["off-by-one"]
+    )
+    yield u16_invalid(
+        "size-slot-missing",
+        "num_batches one too high",
+        size,
+        raw_header(u16_header(num_batches=3, total_records=6)) + body,
+    )
+    yield u16_invalid(
+        "size-uint32-slots",
+        "a dtype 1 header over the same records' uint32 slots (12288 bytes each, not 8192)",
+        size,
+        raw_header(good) + as_u32,
+    )
+    yield u16_invalid(
+        "size-dtype0-header",
+        "a dtype 0 header over uint16 slots (8192 bytes each, not 12288)",
+        size,
+        raw_header(u16_header(dtype=DTYPE_UINT32)) + body,
+    )
+    yield u16_invalid(
+        "size-overflow-max",
+        "num_batches 2^64-1, dtype 1",
+        size,
+        raw_header(u16_header(num_batches=U64_MAX, total_records=U32_MAX)) + body,
+        ["overflow"],
+    )
+    # SPEC.md section 4's example: 2x2048 tokens are 8192 bytes, and (2^51 + 2) * 8192 wraps
+    # modulo 2^64 to the 2 slots the file has.
+    exact = u16_header(seq_len=2048)
+    wrap = (U64_MAX + 1) // exact.padded_batch_bytes + exact.num_batches
+    assert (exact.padded_batch_bytes, wrap) == (8192, 2**51 + 2)
+    yield u16_invalid(
+        "size-overflow-wraps",
+        "dtype 1, 2x2048: num_batches 2^51+2, whose product with 8192 wraps to the real size",
+        size,
+        raw_header(u16_header(seq_len=2048, num_batches=wrap, total_records=U32_MAX))
+        + small_body(exact),
+        ["overflow"],
+    )
+    count = ErrorCode.RECORD_COUNT_MISMATCH.value
+    yield u16_invalid(
+        "record-count-one-short",
+        "total_records = batches*B - 1, dtype 1",
+        count,
+        raw_header(u16_header(total_records=3)) + body,
+        ["off-by-one"],
+    )
+    padding = ErrorCode.NONZERO_PADDING.value
+    first = bytearray(full)
+    first[HEADER_SIZE + good.raw_batch_bytes] = 1
+    yield u16_invalid(
+        "nonzero-padding-first",
+        "first padding byte of batch 0, right after its 6144 token bytes",
+        padding,
+        bytes(first),
+        ["deep"],
+    )
+    last = bytearray(full)
+    last[-1] = 0x80
+    yield u16_invalid(
+        "nonzero-padding-last", "last byte of the file", padding, bytes(last), ["deep"]
+    )
+    # 3x5 tokens fit one page as either type: a uint32 file relabelled dtype 1 passes rules
+    # 1-8, and its tokens' high halves land in the padding.
+    relabelled = small_body(Header(3, 5, 2, 0, 6))
+    yield u16_invalid(
+        "dtype-over-uint32-tokens",
+        "a valid uint32 file of 3x5 batches with its dtype set to 1: the same size, and the "
+        "bytes past 15 uint16 tokens are non-zero padding",
+        padding,
+        raw_header(Header(3, 5, 2, 0, 6, dtype=DTYPE_UINT16)) + relabelled,
+        ["deep"],
+    )
+    order_cases: list[tuple[str, str, bytes]] = [
+        (
+            "reserved-and-size",
+            "nonzero_reserved",
+            raw_header(good, reserved=reserved_with(41)) + as_u32,
+        ),
+        (
+            "size-and-record-count",
+            "size_mismatch",
+            raw_header(u16_header(total_records=0)) + as_u32,
+        ),
+        (
+            "record-count-and-padding",
+            "record_count_mismatch",
+            raw_header(u16_header(total_records=1)) + bytes(first[HEADER_SIZE:]),
+        ),
+    ]
+    for name, code, data in order_cases:
+        comment = f"several rules broken; {code} comes first"
+        yield u16_invalid(f"order-{name}", comment, code, data, ["rule-order"])
+
+
+def u16_vectors() -> Iterator[Vector]:
+    """Every dtype 1 file vector: valid files, then broken ones."""
+    yield from u16_valid_vectors()
+    yield from u16_invalid_vectors()
 
 
 def query_vectors() -> Iterator[Vector]:
@@ -570,6 +824,7 @@ def invalid_query_vectors() -> Iterator[Vector]:
 ALL: tuple[Callable[[], Iterator[Vector]], ...] = (
     valid_vectors,
     invalid_vectors,
+    u16_vectors,
     query_vectors,
     dataset_vectors,
     dataset_query_vectors,

@@ -11,12 +11,13 @@ break one rule each, in section 18's order; every expectation is checked here ag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import xxhash
-from zerobatch_spec import HEADER_SIZE, expected_file_size
+from zerobatch_spec import DTYPE_UINT16, DTYPE_UINT32, HEADER_SIZE, expected_file_size
 from zerobatch_spec.live import (
     DESCRIPTOR_NAME,
     Descriptor,
@@ -39,13 +40,18 @@ from .vector import Vector
 LIVE_SUFFIX = ".live"
 MANIFEST_FILE = "manifest.json"
 DESCRIPTOR = Descriptor(2, 3, 7, "5a42444154415345c0ffee0123456789", 2)
+DESCRIPTOR16 = Descriptor(2, 2048, 7, "5a42444154415345c0ffee0123456789", 2, DTYPE_UINT16)
+"""A live dataset of uint16 tokens whose batch objects are half the size they would be as
+uint32 (2 x 2048 tokens: 8192 bytes, not 16384)."""
 
 
 def _digest(data: bytes) -> str:
     return f"{xxhash.xxh3_64_intdigest(data):016x}"
 
 
-def _entry(producer: str, offset: int, n: int = 1, salt: int = 0) -> Entry:
+def _entry(
+    producer: str, offset: int, n: int = 1, salt: int = 0, d: Descriptor = DESCRIPTOR
+) -> Entry:
     sums = tuple(_digest(f"{producer}/{offset + i}/{salt}".encode()) for i in range(n))
     return Entry(
         batch_name(producer, offset, f"{offset + 16 * salt:08x}"),
@@ -54,8 +60,8 @@ def _entry(producer: str, offset: int, n: int = 1, salt: int = 0) -> Entry:
         producer,
         offset,
         0,
-        n * DESCRIPTOR.batch_size,
-        expected_file_size(DESCRIPTOR.batch_size, DESCRIPTOR.seq_len, n),
+        n * d.batch_size,
+        expected_file_size(d.batch_size, d.seq_len, n, d.dtype),
         _digest(f"header {producer} {offset}".encode()),
         sums,
     )
@@ -67,13 +73,13 @@ def _commit(base: LiveManifest, producer: str, entries: list[Entry], nonce: int)
     return manifest
 
 
-def history() -> list[LiveManifest]:
+def history(d: Descriptor = DESCRIPTOR) -> list[LiveManifest]:
     """Manifest versions 0.. of three producers appending, sealing as writers do."""
-    m = empty_manifest(DESCRIPTOR, "p-0", "00000000")
+    m = empty_manifest(d, "p-0", "00000000")
     out = [m]
     plan = [("p-0", 0, 1), ("p-1", 0, 2), ("p-0", 1, 1), ("p-2", 0, 1), ("p-1", 2, 1)]
     for k, (producer, offset, n) in enumerate(plan):
-        m = _commit(m, producer, [_entry(producer, offset, n)], k + 1)
+        m = _commit(m, producer, [_entry(producer, offset, n, d=d)], k + 1)
         out.append(m)
     return out
 
@@ -101,11 +107,17 @@ def _vector(
     return Vector(vid, comment, flags, LIVE_SUFFIX, None, expected, tree=tree)
 
 
-def valid(vid: str, comment: str, m: LiveManifest, data: bytes | None = None) -> Vector:
+def valid(
+    vid: str,
+    comment: str,
+    m: LiveManifest,
+    data: bytes | None = None,
+    d: Descriptor = DESCRIPTOR,
+) -> Vector:
     raw = build_live_manifest(m) if data is None else data
-    parsed = parse_live_manifest(raw, DESCRIPTOR)
+    parsed = parse_live_manifest(raw, d)
     assert parsed == m, vid
-    return _vector(vid, comment, raw, answer(m), build_descriptor(DESCRIPTOR))
+    return _vector(vid, comment, raw, answer(m), build_descriptor(d))
 
 
 def invalid(
@@ -329,3 +341,49 @@ def live_vectors() -> Iterator[Vector]:
         f"{DESCRIPTOR_NAME}:format",
         _dumps({**broken, "format": "zerobatch.dataset"}),
     )
+    yield from uint16_live_vectors()
+
+
+def uint16_live_vectors() -> Iterator[Vector]:
+    """A live dataset of uint16 tokens (``"dtype": 1`` in ``live.json``): valid, its entries
+    sized for the other dtype, and descriptors whose dtype is not a defined code."""
+    h16 = history(DESCRIPTOR16)
+    yield valid(
+        "live-valid-uint16",
+        'a descriptor with "dtype": 1: entries of 2 x 2048 uint16 tokens, 8192 bytes a batch',
+        h16[2],
+        d=DESCRIPTOR16,
+    )
+    yield valid(
+        "live-valid-uint16-sealed",
+        "five commits of uint16 batch objects, sealed in segments of 2",
+        h16[-1],
+        d=DESCRIPTOR16,
+    )
+    u32 = dataclasses.replace(DESCRIPTOR16, dtype=DTYPE_UINT32)
+    yield invalid(
+        "live-uint16-entries-without-dtype",
+        "uint16-sized entries under a descriptor without dtype (so uint32: 16384 bytes a batch)",
+        build_live_manifest(h16[2]),
+        "live_bad_field",
+        "tail[0].size",
+        build_descriptor(u32),
+    )
+    yield invalid(
+        "live-uint32-entries-in-uint16-dataset",
+        'uint32-sized entries under a descriptor with "dtype": 1 (8192 bytes a batch)',
+        build_live_manifest(history(u32)[2]),
+        "live_bad_field",
+        "tail[0].size",
+        build_descriptor(DESCRIPTOR16),
+    )
+    good = json.loads(build_descriptor(DESCRIPTOR16))
+    for name, value in (("2", 2), ("string", "uint16"), ("true", True), ("null", None)):
+        yield invalid(
+            f"live-descriptor-dtype-{name}",
+            f"a descriptor whose dtype is {json.dumps(value)}: only the JSON integers 0 and 1",
+            build_live_manifest(h16[2]),
+            "live_bad_field",
+            f"{DESCRIPTOR_NAME}:dtype",
+            _dumps({**good, "dtype": value}),
+        )

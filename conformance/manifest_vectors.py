@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from zerobatch_spec import HEADER_SIZE, U32_MAX, U64_MAX
+from zerobatch_spec import DTYPE_UINT16, DTYPE_UINT32, HEADER_SIZE, U32_MAX, U64_MAX, Header
 from zerobatch_spec.dataset import MANIFEST_NAME, DatasetCode, DatasetViolation, parse_manifest
 
 from .dataset_files import SHARD0, SHARD1, base, broken
@@ -167,6 +167,19 @@ def bad_field_vectors(text: bytes) -> Iterator[Vector]:
         ("batch-size-float", "batch_size 2.0", ["batch_size"], 2.0, "batch_size"),
         ("seq-len-missing", "no seq_len", ["seq_len"], DELETE, "seq_len"),
         ("seq-len-true", "seq_len true", ["seq_len"], True, "seq_len"),
+        ("dtype-2", "dtype 2: not a defined token type", ["dtype"], 2, "dtype"),
+        ("dtype-negative", "dtype -1", ["dtype"], -1, "dtype"),
+        ("dtype-above-u32", "dtype 2^32 + 1", ["dtype"], U32_MAX + 2, "dtype"),
+        ("dtype-string", 'dtype "uint16": the name, not the code', ["dtype"], "uint16", "dtype"),
+        ("dtype-true", "dtype true (a boolean, not the integer 1)", ["dtype"], True, "dtype"),
+        ("dtype-float", "dtype 1.0 (a fraction, not the integer 1)", ["dtype"], 1.0, "dtype"),
+        (
+            "dtype-null",
+            "dtype null (absent means 0, null is not allowed)",
+            ["dtype"],
+            None,
+            "dtype",
+        ),
         ("seed-negative", "seed -1", ["seed"], -1, "seed"),
         ("seed-above-u64", "seed 2^64 (u64)", ["seed"], U64_MAX + 1, "seed"),
         ("checksums-missing", "no checksums object", ["checksums"], DELETE, "checksums"),
@@ -366,6 +379,37 @@ def bad_shard_vectors() -> Iterator[Vector]:
         ]
         del doc["shards"][0]["records"]
 
+    # 2 x 2048 tokens: 8192 bytes a slot as uint16, 16384 as uint32.
+    for name, comment, dtype, sized in (
+        (
+            "size-uint32-in-uint16-manifest",
+            '"dtype": 1 with every shard sized for uint32 tokens',
+            DTYPE_UINT16,
+            DTYPE_UINT32,
+        ),
+        (
+            "size-uint16-without-dtype",
+            "no dtype key (so 0, uint32) with every shard sized for uint16 tokens",
+            DTYPE_UINT32,
+            DTYPE_UINT16,
+        ),
+    ):
+
+        def resize(doc: dict[str, Any], dtype: int = dtype, sized: int = sized) -> None:
+            doc.update(batch_size=2, seq_len=2048)
+            if dtype != DTYPE_UINT32:
+                doc["dtype"] = dtype
+            for shard in doc["shards"]:
+                shard["size"] = Header(2, 2048, shard["num_batches"], 0, 0, dtype=sized).file_size
+
+        yield manifest_vector(
+            f"dataset-manifest-{name}",
+            comment,
+            bad,
+            "shards[0].size",
+            edited(resize),
+            ["uint16"],
+        )
     yield manifest_vector(
         "dataset-manifest-size-wraps",
         "size 2^34 + 4096 where 4096 + num_batches * padded_batch_bytes = 2^64 + 2^34 + 4096",
@@ -401,6 +445,20 @@ def manifest_order_vectors() -> Iterator[Vector]:
             DatasetCode.MANIFEST_UNSUPPORTED_VERSION,
             "version",
             both(set_path(["version"], 2), set_path(["batch_size"], 0)),
+        ),
+        (
+            "seq-len-before-dtype",
+            "seq_len 0 and dtype 2: seq_len is checked first",
+            bad_field,
+            "seq_len",
+            both(set_path(["seq_len"], 0), set_path(["dtype"], 2)),
+        ),
+        (
+            "dtype-before-seed",
+            'dtype "uint16" and seed -1: dtype is checked before seed',
+            bad_field,
+            "dtype",
+            both(set_path(["dtype"], "uint16"), set_path(["seed"], -1)),
         ),
         (
             "checksums-and-shard",

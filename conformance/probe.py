@@ -254,6 +254,7 @@ def describe_dataset(path: str) -> dict[str, Any]:
             "valid": True,
             "batch_size": manifest.batch_size,
             "seq_len": manifest.seq_len,
+            "dtype": manifest.dtype,
             "seed": manifest.seed,
             "num_batches": reader.num_batches,
             "shard_batches": manifest.shard_batches,

@@ -30,6 +30,7 @@ KINDS = ("file", "dataset", "query", "live")
 DATASET_KEYS = (
     "batch_size",
     "seq_len",
+    "dtype",
     "seed",
     "num_batches",
     "shard_batches",

@@ -16,13 +16,13 @@ import numpy as np
 import numpy.typing as npt
 from zerobatch_spec import (
     DOMAIN_RECORDS,
-    TOKEN_DTYPE,
-    U32_MAX,
+    DTYPE_UINT32,
     U64_MAX,
     Header,
     batch_offset,
     build_header,
     permute_array,
+    token_max,
 )
 from zerobatch_spec.shuffle import mix64_array
 
@@ -51,23 +51,26 @@ class Vector:
     tree: dict[str, bytes | None] | None = None
 
 
-def pseudo_tokens(count: int, salt: int) -> npt.NDArray[np.uint32]:
-    """Deterministic tokens spread over the whole uint32 range (low half of SplitMix64)."""
+def pseudo_tokens(count: int, salt: int, dtype: int = DTYPE_UINT32) -> npt.NDArray[np.uint32]:
+    """Deterministic tokens spread over the whole range of dtype code ``dtype`` (the low bits of
+    SplitMix64), as uint32 values whichever the dtype."""
     idx = np.arange(count, dtype=np.uint64) + np.uint64((salt << 32) & U64_MAX)
     with np.errstate(over="ignore"):
-        return (mix64_array(idx) & np.uint64(U32_MAX)).astype(np.uint32)
+        return (mix64_array(idx) & np.uint64(token_max(dtype))).astype(np.uint32)
 
 
 def assemble(header: Header, records: npt.NDArray[np.uint32]) -> bytes:
-    """File bytes for ``records`` ([total, T]) written per the spec's record permutation."""
+    """File bytes for ``records`` ([total, T]) written per the spec's record permutation, as
+    tokens of the header's dtype (every value must fit it: nothing is truncated)."""
     b, t, nb = header.batch_size, header.seq_len, header.num_batches
     total = header.total_records
     if nb == 0:  # nothing but the header (a [0, slot_words] array may not even exist in NumPy)
         return build_header(header)
+    assert int(records.max(initial=0)) <= token_max(header.dtype), "a token does not fit"
     positions = np.arange(nb * b, dtype=np.uint64)
     source = permute_array(positions, total, header.seed, DOMAIN_RECORDS).astype(np.int64)
-    tokens = records[source].reshape(nb, b * t).astype(TOKEN_DTYPE)
-    slots = np.zeros((nb, header.slot_words), dtype=TOKEN_DTYPE)
+    tokens = records[source].reshape(nb, b * t).astype(header.token_dtype)
+    slots = np.zeros((nb, header.slot_words), dtype=header.token_dtype)
     slots[:, : b * t] = tokens
     return build_header(header) + slots.tobytes()
 
@@ -75,7 +78,7 @@ def assemble(header: Header, records: npt.NDArray[np.uint32]) -> bytes:
 def batch_digests(data: bytes, header: Header) -> list[str]:
     """SHA-256 of each batch's token bytes (its slot without the padding)."""
     b, t, raw = header.batch_size, header.seq_len, header.raw_batch_bytes
-    offsets = (batch_offset(i, b, t) for i in range(header.num_batches))
+    offsets = (batch_offset(i, b, t, header.dtype) for i in range(header.num_batches))
     return [hashlib.sha256(data[off : off + raw]).hexdigest() for off in offsets]
 
 

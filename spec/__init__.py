@@ -7,6 +7,8 @@ Every number of the format is defined here once: the header (``HEADER_STRUCT``, 
 """
 
 from .layout import (
+    DTYPE_NAMES,
+    DTYPE_UINT16,
     DTYPE_UINT32,
     FIELD_OFFSETS,
     HEADER_SIZE,
@@ -16,17 +18,22 @@ from .layout import (
     SLOT_ALIGNMENT,
     TOKEN_BYTES,
     TOKEN_DTYPE,
+    TOKEN_DTYPES,
     U32_MAX,
     U64_MAX,
     VERSION,
     Header,
     batch_offset,
     build_header,
+    dtype_code,
     expected_file_size,
     padded_batch_bytes,
     parse_header,
     raw_batch_bytes,
     slot_words,
+    token_bytes,
+    token_dtype,
+    token_max,
 )
 from .rules import RULES, ErrorCode, Violation, check_header, find_violation
 from .shuffle import (
@@ -47,6 +54,8 @@ from .shuffle import (
 __all__ = [
     "DOMAIN_BLOCKS",
     "DOMAIN_RECORDS",
+    "DTYPE_NAMES",
+    "DTYPE_UINT16",
     "DTYPE_UINT32",
     "FIELD_OFFSETS",
     "HEADER_SIZE",
@@ -57,6 +66,7 @@ __all__ = [
     "SLOT_ALIGNMENT",
     "TOKEN_BYTES",
     "TOKEN_DTYPE",
+    "TOKEN_DTYPES",
     "U32_MAX",
     "U64_MAX",
     "VERSION",
@@ -68,6 +78,7 @@ __all__ = [
     "block_at",
     "build_header",
     "check_header",
+    "dtype_code",
     "epoch_key",
     "epoch_order",
     "expected_file_size",
@@ -80,6 +91,9 @@ __all__ = [
     "raw_batch_bytes",
     "record_source",
     "slot_words",
+    "token_bytes",
+    "token_dtype",
+    "token_max",
     "unpermute",
     "unpermute_array",
 ]

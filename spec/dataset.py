@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from .layout import HEADER_SIZE, U32_MAX, U64_MAX, expected_file_size
+from .layout import DTYPE_NAMES, DTYPE_UINT32, HEADER_SIZE, U32_MAX, U64_MAX, expected_file_size
 from .shuffle import GOLDEN_GAMMA, MASK64, mix64, permute, permute_array
 
 MANIFEST_NAME: Final = "manifest.json"
@@ -123,6 +123,8 @@ class Manifest:
     checksums_xxh3: str
     sources: tuple[Source, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    dtype: int = DTYPE_UINT32
+    """The token dtype code of every shard (``"dtype"`` in the JSON, absent for 0)."""
 
     @property
     def num_batches(self) -> int:
@@ -198,7 +200,7 @@ def _range(value: object, where: str) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
-def _shard(obj: object, i: int, batch_size: int, seq_len: int) -> Shard:
+def _shard(obj: object, i: int, batch_size: int, seq_len: int, dtype: int) -> Shard:
     where = f"shards[{i}]."
     if not isinstance(obj, dict):
         raise _ManifestError(DatasetCode.MANIFEST_BAD_FIELD, f"shards[{i}]", "expected an object")
@@ -221,12 +223,12 @@ def _shard(obj: object, i: int, batch_size: int, seq_len: int) -> Shard:
             f"{where}total_records",
             f"{name}: total_records {total} < num_batches {n} * batch_size {batch_size}",
         )
-    if size != expected_file_size(batch_size, seq_len, n):
+    if size != expected_file_size(batch_size, seq_len, n, dtype):
         raise _ManifestError(
             DatasetCode.MANIFEST_BAD_SHARD,
             f"{where}size",
             f"{name}: size {size} is not 4096 + num_batches * slot bytes = "
-            f"{expected_file_size(batch_size, seq_len, n)}",
+            f"{expected_file_size(batch_size, seq_len, n, dtype)}",
         )
     if records is not None and records[1] - records[0] != total:
         raise _ManifestError(
@@ -318,6 +320,7 @@ def _parse(data: bytes) -> Manifest:
         )
     batch_size = _int(obj, "batch_size", "", 1, U32_MAX)
     seq_len = _int(obj, "seq_len", "", 1, U32_MAX)
+    dtype = _dtype(obj)
     seed = _int(obj, "seed", "", 0, U64_MAX)
     checksums = obj.get("checksums")
     if not isinstance(checksums, dict) or checksums.get("algorithm") != CHECKSUM_ALGORITHM:
@@ -335,7 +338,7 @@ def _parse(data: bytes) -> Manifest:
         raise _ManifestError(
             DatasetCode.MANIFEST_BAD_FIELD, "sources", "expected a list of sources"
         )
-    shards = tuple(_shard(s, i, batch_size, seq_len) for i, s in enumerate(shards_obj))
+    shards = tuple(_shard(s, i, batch_size, seq_len, dtype) for i, s in enumerate(shards_obj))
     seen: set[str] = set()
     for i, s in enumerate(shards):
         if s.name in seen:
@@ -344,9 +347,24 @@ def _parse(data: bytes) -> Manifest:
             )
         seen.add(s.name)
     sources = tuple(_source(s, i) for i, s in enumerate(sources_obj))
-    known = {"format", "version", "batch_size", "seq_len", "seed", "checksums", "shards"}
+    known = {"format", "version", "batch_size", "seq_len", "dtype", "seed", "checksums", "shards"}
     extra = {k: v for k, v in obj.items() if k not in known | {"sources"}}
-    return Manifest(batch_size, seq_len, seed, shards, digest, sources, extra)
+    return Manifest(batch_size, seq_len, seed, shards, digest, sources, extra, dtype)
+
+
+def _dtype(obj: dict[str, Any], where: str = "") -> int:
+    """The optional ``dtype`` field: a defined token dtype code, 0 (uint32) when absent."""
+    if "dtype" not in obj:
+        return DTYPE_UINT32
+    value = obj["dtype"]
+    if isinstance(value, bool) or not isinstance(value, int) or value not in DTYPE_NAMES:
+        codes = ", ".join(f"{c} ({n})" for c, n in DTYPE_NAMES.items())
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_FIELD,
+            f"{where}dtype",
+            f"expected a token dtype code ({codes}), found {value!r:.60}",
+        )
+    return value
 
 
 def parse_manifest(data: bytes) -> Manifest | DatasetViolation:
@@ -388,6 +406,7 @@ def build_manifest(manifest: Manifest) -> bytes:
         "version": MANIFEST_VERSION,
         "batch_size": manifest.batch_size,
         "seq_len": manifest.seq_len,
+        **({"dtype": manifest.dtype} if manifest.dtype != DTYPE_UINT32 else {}),
         "seed": manifest.seed,
         "checksums": {"algorithm": CHECKSUM_ALGORITHM, "xxh3": manifest.checksums_xxh3},
         **manifest.extra,

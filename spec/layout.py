@@ -27,16 +27,28 @@ VERSION: Final = 1
 """The only format version this specification defines."""
 
 DTYPE_UINT32: Final = 0
-"""The only token dtype code defined in version 1: little-endian uint32."""
+"""Token dtype code 0: little-endian uint32 (every token value valid)."""
 
-TOKEN_DTYPE: Final = np.dtype("<u4")
-"""NumPy dtype of a token on disk (dtype code 0): little-endian uint32."""
+DTYPE_UINT16: Final = 1
+"""Token dtype code 1: little-endian uint16, for vocabularies of at most 65,536 ids."""
+
+TOKEN_DTYPES: Final[dict[int, np.dtype[np.unsignedinteger]]] = {
+    DTYPE_UINT32: np.dtype("<u4"),
+    DTYPE_UINT16: np.dtype("<u2"),
+}
+"""NumPy dtype of a token on disk for each defined dtype code; any other code is invalid."""
+
+DTYPE_NAMES: Final = {DTYPE_UINT32: "uint32", DTYPE_UINT16: "uint16"}
+"""The name of each dtype code, as manifests, messages and the ``--dtype`` options spell it."""
+
+TOKEN_DTYPE: Final[np.dtype[np.uint32]] = np.dtype("<u4")
+"""NumPy dtype of a token of dtype code 0 (little-endian uint32), the default."""
 
 TOKEN_BYTES: Final = TOKEN_DTYPE.itemsize
-"""Bytes per token: the itemsize of ``TOKEN_DTYPE``."""
+"""Bytes per token of dtype code 0: the itemsize of ``TOKEN_DTYPE``."""
 
 U32_MAX: Final = 2**32 - 1
-"""Largest value of a ``u32`` field (and of a token)."""
+"""Largest value of a ``u32`` field (and of a dtype 0 token; ``token_max`` gives each dtype's)."""
 
 U64_MAX: Final = 2**64 - 1
 """Largest value of a ``u64`` field."""
@@ -107,31 +119,62 @@ def _unpacker(struct: Struct) -> _struct.Struct:
 
 _UNPACK: Final = _unpacker(HEADER_STRUCT)
 
-
-def raw_batch_bytes(batch_size: int, seq_len: int) -> int:
-    """Bytes of token data in one batch: ``batch_size * seq_len * 4``."""
-    return batch_size * seq_len * TOKEN_BYTES
+_CODES: Final = ", ".join(f"{code} ({name})" for code, name in DTYPE_NAMES.items())
 
 
-def padded_batch_bytes(batch_size: int, seq_len: int) -> int:
+def token_dtype(dtype: int = DTYPE_UINT32) -> np.dtype[np.unsignedinteger]:
+    """The NumPy dtype of a token of dtype code ``dtype``; ``ValueError`` for an undefined code."""
+    exact = isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool)
+    if exact and int(dtype) in TOKEN_DTYPES:  # not True or 1.0, which equal 1 too
+        return TOKEN_DTYPES[int(dtype)]
+    raise ValueError(f"dtype code {dtype!r} is not defined (defined: {_CODES})")
+
+
+def token_bytes(dtype: int = DTYPE_UINT32) -> int:
+    """Bytes per token of dtype code ``dtype``: 4 for uint32, 2 for uint16."""
+    return token_dtype(dtype).itemsize
+
+
+def token_max(dtype: int = DTYPE_UINT32) -> int:
+    """The largest token value dtype code ``dtype`` holds: 2**32 - 1 or 2**16 - 1."""
+    return int(np.iinfo(token_dtype(dtype)).max)
+
+
+def dtype_code(name: str) -> int:
+    """The dtype code of a dtype name (``"uint32"`` or ``"uint16"``); ``ValueError`` otherwise."""
+    for code, known in DTYPE_NAMES.items():
+        if name == known:
+            return code
+    names = ", ".join(map(repr, DTYPE_NAMES.values()))
+    raise ValueError(f"token dtype must be one of {names}, got {name!r}")
+
+
+def raw_batch_bytes(batch_size: int, seq_len: int, dtype: int = DTYPE_UINT32) -> int:
+    """Bytes of token data in one batch: ``batch_size * seq_len * token_bytes(dtype)``."""
+    return batch_size * seq_len * token_bytes(dtype)
+
+
+def padded_batch_bytes(batch_size: int, seq_len: int, dtype: int = DTYPE_UINT32) -> int:
     """Size of one batch slot: the raw batch size rounded up to a multiple of 4096."""
-    raw = raw_batch_bytes(batch_size, seq_len)
+    raw = raw_batch_bytes(batch_size, seq_len, dtype)
     return -(-raw // SLOT_ALIGNMENT) * SLOT_ALIGNMENT
 
 
-def slot_words(batch_size: int, seq_len: int) -> int:
-    """Tokens that fit in one slot, padding included: ``padded_batch_bytes // TOKEN_BYTES``."""
-    return padded_batch_bytes(batch_size, seq_len) // TOKEN_BYTES
+def slot_words(batch_size: int, seq_len: int, dtype: int = DTYPE_UINT32) -> int:
+    """Tokens that fit in one slot, padding included: ``padded_batch_bytes // token_bytes``."""
+    return padded_batch_bytes(batch_size, seq_len, dtype) // token_bytes(dtype)
 
 
-def expected_file_size(batch_size: int, seq_len: int, num_batches: int) -> int:
+def expected_file_size(
+    batch_size: int, seq_len: int, num_batches: int, dtype: int = DTYPE_UINT32
+) -> int:
     """``4096 + num_batches * padded_batch_bytes``, exact (Python integers never overflow)."""
-    return HEADER_SIZE + num_batches * padded_batch_bytes(batch_size, seq_len)
+    return HEADER_SIZE + num_batches * padded_batch_bytes(batch_size, seq_len, dtype)
 
 
-def batch_offset(index: int, batch_size: int, seq_len: int) -> int:
+def batch_offset(index: int, batch_size: int, seq_len: int, dtype: int = DTYPE_UINT32) -> int:
     """Byte offset of batch ``index``'s slot."""
-    return HEADER_SIZE + index * padded_batch_bytes(batch_size, seq_len)
+    return HEADER_SIZE + index * padded_batch_bytes(batch_size, seq_len, dtype)
 
 
 @dataclass(frozen=True)
@@ -151,24 +194,29 @@ class Header:
     dtype: int = DTYPE_UINT32
 
     @property
+    def token_dtype(self) -> np.dtype[np.unsignedinteger]:
+        """NumPy dtype of the tokens (``ValueError`` for an undefined dtype code)."""
+        return token_dtype(self.dtype)
+
+    @property
     def raw_batch_bytes(self) -> int:
         """Token bytes per batch."""
-        return raw_batch_bytes(self.batch_size, self.seq_len)
+        return raw_batch_bytes(self.batch_size, self.seq_len, self.dtype)
 
     @property
     def padded_batch_bytes(self) -> int:
         """Slot size per batch, a multiple of 4096."""
-        return padded_batch_bytes(self.batch_size, self.seq_len)
+        return padded_batch_bytes(self.batch_size, self.seq_len, self.dtype)
 
     @property
     def slot_words(self) -> int:
         """Tokens per slot, padding included (the row length of a ``[num_batches, -1]`` view)."""
-        return slot_words(self.batch_size, self.seq_len)
+        return slot_words(self.batch_size, self.seq_len, self.dtype)
 
     @property
     def file_size(self) -> int:
         """The exact size a file with this header must have."""
-        return expected_file_size(self.batch_size, self.seq_len, self.num_batches)
+        return expected_file_size(self.batch_size, self.seq_len, self.num_batches, self.dtype)
 
     def as_dict(self) -> dict[str, int]:
         """The header fields as plain integers, in on-disk order (``HEADER_FIELDS``)."""

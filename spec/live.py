@@ -26,7 +26,7 @@ from enum import Enum
 from typing import Any, Final
 
 from .dataset import _json_constant, _json_int, _json_object
-from .layout import U32_MAX, U64_MAX, expected_file_size
+from .layout import DTYPE_NAMES, DTYPE_UINT32, U32_MAX, U64_MAX, expected_file_size
 
 DESCRIPTOR_NAME: Final = "live.json"
 MANIFESTS_PREFIX: Final = "manifests/"
@@ -91,6 +91,8 @@ class Descriptor:
     seed: int
     dataset_id: str
     segment_size: int = DEFAULT_SEGMENT_SIZE
+    dtype: int = DTYPE_UINT32
+    """Token dtype code of every batch object (``"dtype"`` in ``live.json``, absent for 0)."""
 
 
 @dataclass(frozen=True)
@@ -320,12 +322,12 @@ def _entry(obj: object, where: str, d: Descriptor) -> Entry:
             w + "total_records",
             f"{total} records cannot fill {n} batches of {d.batch_size}",
         )
-    if size != expected_file_size(d.batch_size, d.seq_len, n):
+    if size != expected_file_size(d.batch_size, d.seq_len, n, d.dtype):
         raise _FailError(
             LiveCode.BAD_FIELD,
             w + "size",
             f"{size} bytes; {n} batches of [{d.batch_size}, {d.seq_len}] take "
-            f"{expected_file_size(d.batch_size, d.seq_len, n)}",
+            f"{expected_file_size(d.batch_size, d.seq_len, n, d.dtype)}",
         )
     return Entry(name, first, n, producer, offset, seed, total, size, digest, tuple(sums))
 
@@ -356,7 +358,23 @@ def _descriptor(obj: dict[str, Any]) -> Descriptor:
         _int(obj, "seed", "", 0, U64_MAX),
         _str(obj, "id", "", _ID),
         _int(obj, "segment_size", "", 1, 1 << 20),
+        _dtype(obj),
     )
+
+
+def _dtype(obj: dict[str, Any]) -> int:
+    """The optional ``dtype`` field: a defined token dtype code, 0 (uint32) when absent."""
+    if "dtype" not in obj:
+        return DTYPE_UINT32
+    value = obj["dtype"]
+    if isinstance(value, bool) or not isinstance(value, int) or value not in DTYPE_NAMES:
+        codes = ", ".join(f"{c} ({n})" for c, n in DTYPE_NAMES.items())
+        raise _FailError(
+            LiveCode.BAD_FIELD,
+            "dtype",
+            f"expected a token dtype code ({codes}), found {value!r:.60}",
+        )
+    return value
 
 
 def parse_descriptor(data: bytes) -> Descriptor | LiveViolation:
@@ -493,6 +511,7 @@ def build_descriptor(d: Descriptor) -> bytes:
             "id": d.dataset_id,
             "batch_size": d.batch_size,
             "seq_len": d.seq_len,
+            **({"dtype": d.dtype} if d.dtype != DTYPE_UINT32 else {}),
             "seed": d.seed,
             "segment_size": d.segment_size,
         }

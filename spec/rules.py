@@ -11,10 +11,11 @@ from enum import Enum
 from typing import Final
 
 from .layout import (
-    DTYPE_UINT32,
+    DTYPE_NAMES,
     HEADER_SIZE,
     MAGIC,
     RESERVED_OFFSET,
+    TOKEN_DTYPES,
     VERSION,
     Header,
     parse_header,
@@ -55,6 +56,9 @@ RULES: Final = (
     ErrorCode.RECORD_COUNT_MISMATCH,
 )
 """Header and size rules, in the order they are checked (``NONZERO_PADDING`` is deep-only)."""
+
+
+_DEFINED: Final = ", ".join(f"{code} ({name})" for code, name in DTYPE_NAMES.items())
 
 
 @dataclass(frozen=True)
@@ -99,11 +103,11 @@ def check_header(prefix: bytes, file_size: int) -> Header | Violation:
             "version",
             f"expected {VERSION}, found {header.version}",
         )
-    if header.dtype != DTYPE_UINT32:
+    if header.dtype not in TOKEN_DTYPES:
         return Violation(
             ErrorCode.UNSUPPORTED_DTYPE,
             "dtype",
-            f"expected {DTYPE_UINT32} (uint32), found {header.dtype}",
+            f"expected one of {_DEFINED}, found {header.dtype}",
         )
     if header.batch_size == 0 or header.seq_len == 0:
         which = "batch_size" if header.batch_size == 0 else "seq_len"

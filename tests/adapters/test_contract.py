@@ -62,11 +62,13 @@ def name(request: pytest.FixtureRequest) -> str:
     return adapter
 
 
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    """11 batches of unique rows (a row's first token names it)."""
+@pytest.fixture(params=["uint32", "uint16"])
+def path(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """11 batches of unique rows (a row's first token names it), stored as uint32 tokens or as
+    uint16 tokens (dtype 1): every adapter serves both the same way."""
     out = tmp_path / "contract.batch"
-    write_batch_file(out, records(BATCH * BATCHES, SEQ_LEN), batch_size=BATCH, seed=5)
+    tokens = records(BATCH * BATCHES, SEQ_LEN)
+    write_batch_file(out, tokens, batch_size=BATCH, seed=5, dtype=request.param)
     return out
 
 
@@ -340,12 +342,15 @@ def test_a_source_built_outside_zerobatch_is_served_as_the_file(
     name: str, path: Path, fetches: bool
 ) -> None:
     """Adapters depend on the ``BatchSource`` protocol: an in-memory source holding the file's
-    slots is served exactly as the file, with next-token pairs and a rank's rows."""
+    slots is served exactly as the file, with next-token pairs and a rank's rows. A source
+    without ``token_dtype`` holds uint32 tokens; one of uint16 tokens says so."""
     with BatchFileReader(path) as reader:
         slots = np.array(reader.read_batches(0, reader.num_batches))
         seed = reader.seed
     options = {"next_token": True, "rank": 1, "world_size": 2, **ORDER}
     source = ArraySource(slots, seed, views=not fetches, fetches=fetches)
+    if slots.dtype != np.uint32:
+        source.token_dtype = slots.dtype  # type: ignore[attr-defined]
     with make(name, source, **options) as data:
         got = [host(item) for _ in range(2) for item in data]
     assert_items(got, core(path, 2, **options))

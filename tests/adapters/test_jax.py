@@ -27,6 +27,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
+from tests.adapters.twins import NARROW, NARROW_MAX, WIDE, narrow_tokens, write_twins
 from tests.helpers import items_with_states, require
 from zerobatch_core import BatchNativeLoader, StateError
 from zerobatch_core.delivery.distributed import rank_rows
@@ -708,3 +709,234 @@ def test_two_processes_each_read_only_their_rows(make_file: MakeFile) -> None:
     assert [o["rows"] for o in outs] == [[0, 8], [8, 16]]
     assert [o["batches"] for o in outs] == [5, 5]
     assert outs[0]["state"] == outs[1]["state"]
+
+
+# -- uint16 files ------------------------------------------------------------------------------
+def host(item: Any) -> list[np.ndarray]:
+    """Every field of an item (an array, a pair, or a document dict) as host arrays."""
+    if isinstance(item, dict):
+        return [np.asarray(item[k]) for k in sorted(item)]
+    return [np.asarray(a) for a in (item if isinstance(item, tuple) else (item,))]
+
+
+@pytest.mark.parametrize("next_token", [False, True])
+@pytest.mark.parametrize(("rank", "world"), [(0, 1), (1, 2)])
+def test_uint16_file_serves_the_uint32_files_arrays(
+    tmp_path: Path, next_token: bool, rank: int, world: int
+) -> None:
+    """The same int32 global arrays, sharded alike, in the same order, over two epochs."""
+    paths = write_twins(tmp_path, n=8 * 9, batch_size=8)
+    kw: dict[str, Any] = {"next_token": next_token, "rank": rank, "world_size": world}
+    sharding = default_sharding(jax.devices()[: math.gcd(len(jax.devices()), 8 // world)])
+    got: dict[str, list[Any]] = {}
+    for name, path in paths.items():
+        with JaxBatchIterator(path, sharding=sharding, block_size=2, seed=5, **kw) as it:
+            items = [it_item for _ in range(2) for it_item in it]
+        for item in items:
+            for array in item if isinstance(item, tuple) else (item,):
+                assert array.dtype == np.int32 and array.sharding == sharding
+        got[name] = [host(item) for item in items]
+    core = BatchNativeLoader(paths[WIDE], dtype="int32", block_size=2, seed=5, **kw)
+    want = [host(item) for item in core_items(core, 18)]
+    assert len(got[NARROW]) == len(want) == 18
+    for narrow, wide, expected in zip(got[NARROW], got[WIDE], want, strict=True):
+        for a, b, c in zip(narrow, wide, expected, strict=True):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(a, c.astype(np.int32))
+    assert max(int(a.max()) for item in got[NARROW] for a in item) >= 2**15
+
+
+def test_uint16_crosses_as_stored_and_widens_once_per_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the host hands to the devices is the stored uint16 block (half the bytes of
+    int32); one compiled conversion per array shape widens it, for every batch and epoch."""
+    import zerobatch_adapters.jax as adapter
+
+    paths = write_twins(tmp_path, n=8 * 9, batch_size=8)
+    crossed: dict[str, list[np.dtype[Any]]] = {WIDE: [], NARROW: []}
+    real = adapter._make_array
+    name = WIDE
+
+    def make_array(sharding: Any, block: np.ndarray, shape: tuple[int, int]) -> Any:
+        crossed[name].append(block.dtype)
+        return real(sharding, block, shape)
+
+    monkeypatch.setattr(adapter, "_make_array", make_array)
+    for name in (WIDE, NARROW):
+        with JaxBatchIterator(paths[name], sharding=local_sharding(), next_token=True) as it:
+            for _ in range(2):
+                for inputs, labels in it:
+                    assert inputs.dtype == labels.dtype == np.int32
+            if name == NARROW:
+                assert it.loader.dtype == it.loader.label_dtype == NARROW  # views, no copies
+                assert it._widen._cache_size() == 1  # inputs and labels: one shape
+    assert set(crossed[NARROW]) == {np.dtype(np.uint16)} and len(crossed[NARROW]) == 2 * 2 * 9
+    assert set(crossed[WIDE]) == {np.dtype(np.int32)}  # uint32 files: as before
+
+
+def test_uint16_documents_equal_the_uint32_files(tmp_path: Path) -> None:
+    tokens = narrow_tokens(8 * 9, 8)
+    tokens[:, ::3] = NARROW_MAX  # the BOS id: the largest uint16 token
+    paths = write_twins(tmp_path, n=8 * 9, batch_size=8, tokens=tokens)
+    for next_token in (False, True):
+        kw: dict[str, Any] = {"bos_id": NARROW_MAX, "next_token": next_token, "block_size": 2}
+        got = {}
+        for name, path in paths.items():
+            with JaxBatchIterator(path, sharding=local_sharding(), **kw) as it:
+                got[name] = [host(item) for item in it]
+        core = BatchNativeLoader(paths[WIDE], dtype="int32", **kw)
+        want = [[np.asarray(item[k]) for k in sorted(item)] for item in core]
+        for narrow, wide, expected in zip(got[NARROW], got[WIDE], want, strict=True):
+            for a, b, c in zip(narrow, wide, expected, strict=True):
+                np.testing.assert_array_equal(a, b)
+                np.testing.assert_array_equal(a, c)
+                assert a.dtype == np.int32
+
+
+UINT16_SHARDS_CHILD = r"""
+import json, sys
+import jax
+jax.config.update("jax_enable_x64", True)
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from zerobatch_core import BatchNativeLoader
+from zerobatch_adapters.jax import JaxBatchIterator, data_context_sharding, default_sharding
+
+wide, narrow = sys.argv[1], sys.argv[2]
+devices = jax.devices()
+assert len(devices) == 8, devices
+kw = dict(block_size=3, seed=11)
+mesh = Mesh(np.asarray(devices).reshape(4, 2), ("data", "model"))
+# (sharding, options, next_token values): columns split in two need the 8-wide pairs.
+layouts = {
+    "default": (default_sharding(), {}, (False, True)),
+    "data": (NamedSharding(mesh, P("data")), {}, (False, True)),
+    "data,model": (NamedSharding(mesh, P("data", "model")), {}, (True,)),
+    "context": (data_context_sharding(2), {}, (True,)),
+    "context-zigzag": (data_context_sharding(2), {"zigzag": True}, (True,)),
+}
+checked = {}
+for name, (sharding, extra, pairs) in layouts.items():
+    for dtype in ("int32", "int64"):
+        for next_token in pairs:
+            opts = dict(kw, dtype=dtype, next_token=next_token, **extra)
+            its = [JaxBatchIterator(p, sharding=sharding, **opts) for p in (wide, narrow)]
+            core = BatchNativeLoader(wide, **{k: v for k, v in opts.items() if k != "zigzag"})
+            n = 0
+            for _ in range(2):
+                for a, b, w in zip(*its, core, strict=True):
+                    a, b = (a, b) if next_token else ((a,), (b,))
+                    w = w if next_token else (w,)
+                    for x, y, z in zip(a, b, w, strict=True):
+                        assert x.dtype == y.dtype == np.dtype(dtype), (x.dtype, y.dtype)
+                        assert x.shape == y.shape and x.sharding == y.sharding == sharding
+                        assert np.array_equal(np.asarray(x), np.asarray(y))
+                        for s, t in zip(x.addressable_shards, y.addressable_shards, strict=True):
+                            assert s.device == t.device and s.index == t.index
+                            assert np.array_equal(np.asarray(s.data), np.asarray(t.data))
+                        if not extra:  # zig-zag reorders columns: equal to the twin is enough
+                            assert np.array_equal(np.asarray(x), z.astype(dtype))
+                    n += 1
+            narrow_it = its[1]
+            assert narrow_it.loader.dtype == "uint16" and narrow_it._widen._cache_size() == 1
+            checked[f"{name},{dtype},next_token={next_token}"] = n
+            for it in its:
+                it.close()
+print(json.dumps({"devices": len(devices), "checked": checked}))
+"""
+
+
+def test_uint16_eight_devices_serve_the_uint32_global_batches(tmp_path: Path) -> None:
+    """On 8 devices, with row, row x column and (zig-zag) context shardings and int32 and
+    int64: every global array and every device's shard of the uint16 file equals the uint32
+    file's."""
+    paths = write_twins(tmp_path, n=16 * 7, seq_len=9, batch_size=16)  # 8 next-token columns
+    out = run_child(UINT16_SHARDS_CHILD, str(paths[WIDE]), str(paths[NARROW]))
+    assert out["devices"] == 8
+    layouts = {
+        "default": (False, True),
+        "data": (False, True),
+        "data,model": (True,),
+        "context": (True,),
+        "context-zigzag": (True,),
+    }
+    assert out["checked"] == {
+        f"{name},{dtype},next_token={n}": 14
+        for name, pairs in layouts.items()
+        for dtype in ("int32", "int64")
+        for n in pairs
+    }
+
+
+UINT16_MULTIHOST_CHILD = r"""
+import json, sys
+import jax, numpy as np
+wide, narrow, port, pid = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid,
+                           initialization_timeout=60)
+from jax.experimental import multihost_utils
+from zerobatch_core import BatchNativeLoader
+from zerobatch_adapters.jax import JaxBatchIterator, data_context_sharding
+
+assert jax.process_count() == 2 and len(jax.devices()) == 8 and len(jax.local_devices()) == 4
+report = {"process": jax.process_index()}
+for name, sharding in (("rows", None), ("context", data_context_sharding(2))):
+    kw = dict(block_size=2, seed=4, next_token=True, sharding=sharding)
+    its = [JaxBatchIterator(p, **kw) for p in (wide, narrow)]
+    whole = BatchNativeLoader(wide, dtype="int32", block_size=2, seed=4, next_token=True)
+    n = 0
+    for a, b, w in zip(*its, whole, strict=True):
+        for x, y, z in zip(a, b, w, strict=True):
+            assert not y.is_fully_addressable and y.dtype == np.int32
+            for s, t in zip(x.addressable_shards, y.addressable_shards, strict=True):
+                assert s.device == t.device and s.index == t.index
+                assert np.array_equal(np.asarray(s.data), np.asarray(t.data))
+            gathered = multihost_utils.process_allgather(y, tiled=True)  # a collective
+            assert np.array_equal(gathered, z)
+        n += 1
+    report[name] = {"batches": n, "bytes_read": [it.loader.bytes_read for it in its],
+                    "states": [{k: v for k, v in it.state_dict().items() if k != "source"}
+                               for it in its]}
+    for it in its:
+        it.close()
+print(json.dumps(report))
+jax.distributed.shutdown()
+"""
+
+
+def test_uint16_two_processes_serve_the_uint32_global_batches(tmp_path: Path) -> None:
+    """Two JAX processes of 4 devices: each reads its rows of the uint16 file, half the bytes
+    of the uint32 file's, and the global arrays gathered over both are the uint32 file's."""
+    paths = write_twins(tmp_path, n=16 * 5, seq_len=9, batch_size=16)
+    port = str(free_port())
+    argv = [sys.executable, "-c", UINT16_MULTIHOST_CHILD, str(paths[WIDE]), str(paths[NARROW])]
+    procs = [
+        subprocess.Popen(
+            [*argv, port, str(pid)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(4),
+            cwd=ROOT,
+        )
+        for pid in (0, 1)
+    ]
+    outs = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=180)
+            assert proc.returncode == 0, f"child failed:\n{stdout[-2000:]}\n{stderr[-6000:]}"
+            outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert [o["process"] for o in outs] == [0, 1]
+    for out in outs:
+        for name in ("rows", "context"):
+            wide, narrow = out[name]["bytes_read"]
+            wide_state, narrow_state = out[name]["states"]
+            assert out[name]["batches"] == 5 and wide_state == narrow_state  # but the source
+            assert narrow * 2 == wide > 0

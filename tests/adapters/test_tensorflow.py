@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from tests.adapters.twins import NARROW, NARROW_MAX, WIDE, narrow_tokens, write_twins
 from tests.helpers import items_with_states, require
 from zerobatch_core import (
     BatchNativeLoader,
@@ -230,3 +231,138 @@ def test_keras_fit_next_token(tmp_path: Path) -> None:
     history = model.fit(ds, epochs=2, steps_per_epoch=4, shuffle=False, verbose=0)
     losses = history.history["loss"]
     assert len(losses) == 2 and all(np.isfinite(losses))
+
+
+# -- uint16 files and datasets ---------------------------------------------------------------
+def twin_datasets(
+    directory: Path, tokens: npt.NDArray[np.integer], seq_len: int
+) -> dict[str, Path]:
+    """The same records as a dataset of uint32 shards and one of uint16 shards."""
+    from zerobatch_core.datasets.build import write_sharded_dataset
+
+    out = {}
+    for dtype in (WIDE, NARROW):
+        path = directory / f"ds-{dtype}"
+        write_sharded_dataset(
+            path, iter([tokens]), batch_size=4, seq_len=seq_len, shard_batches=3, seed=2,
+            dtype=dtype,
+        )  # fmt: skip
+        out[dtype] = path
+    return out
+
+
+def twin_elements(paths: dict[str, Path], **kw: Any) -> tuple[list[Any], list[Any]]:
+    return tuple(as_numpy(tf_dataset(paths[name], **kw)) for name in (WIDE, NARROW))  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("next_token", [False, True])
+@pytest.mark.parametrize(("rank", "world"), [(0, 1), (1, 2)])
+def test_uint16_file_serves_the_uint32_files_elements(
+    tmp_path: Path, dtype: str, next_token: bool, rank: int, world: int
+) -> None:
+    """TensorFlow's record reader decodes the uint16 slots (half the bytes) and casts them in
+    the graph: the elements, their spec and their order equal the uint32 file's."""
+    from zerobatch_adapters.tensorflow import TFBatchDataset
+
+    paths = write_twins(tmp_path)
+    kw: dict[str, Any] = {"dtype": dtype, "next_token": next_token, "rank": rank}
+    kw |= {"world_size": world, "block_size": 3, "seed": 5}
+    with TFBatchDataset(paths[NARROW], **kw) as data:
+        assert data._native()  # the graph reads the file: no Python per element
+        narrow_spec = data.dataset().element_spec
+    assert narrow_spec == tf_dataset(paths[WIDE], **kw).element_spec
+    wide, narrow = twin_elements(paths, num_epochs=2, **kw)
+    assert len(narrow) == 2 * 13
+    assert_same(narrow, wide)
+    assert_same(narrow, core_epochs(paths[WIDE], 2, **kw))
+    assert (
+        max(int(np.max(e)) for item in narrow for e in (item if next_token else (item,))) >= 2**15
+    )
+
+
+def test_uint16_records_are_slots_of_two_byte_tokens(tmp_path: Path) -> None:
+    from zerobatch_adapters.tensorflow import _slot_locator
+    from zerobatch_spec import DTYPE_UINT16, batch_offset, padded_batch_bytes
+
+    from zerobatch_core import BatchFileReader
+
+    paths = write_twins(tmp_path, n=4 * 300, seq_len=1000, batch_size=4)  # 8,000-byte slots
+    with BatchFileReader(paths[NARROW]) as reader:
+        _, slot, locate = _slot_locator(reader)
+        assert slot == padded_batch_bytes(4, 1000, DTYPE_UINT16) == reader.padded_batch_bytes
+        before, after = locate(5, 9)[1:]
+        assert before == batch_offset(5, 4, 1000, DTYPE_UINT16)
+        assert after == reader.file_size - batch_offset(9, 4, 1000, DTYPE_UINT16)
+    wide, narrow = twin_elements(paths, block_size=7, seed=3)
+    assert_same(narrow, wide)
+
+
+def test_uint16_generated_path_serves_the_uint32_files_elements(tmp_path: Path) -> None:
+    """Steps the record reader cannot serve (two stored batches a step, skipped steps) come
+    from the core loader, which widens the uint16 tokens: the same elements."""
+    paths = write_twins(tmp_path, seq_len=9)  # next-token pairs 8 wide: 2 context chunks
+    for kw in (
+        {"global_batch_size": 8},
+        {"skip_steps": [(2, 5)]},
+        {"context_size": 2, "context_rank": 1},
+    ):
+        opts: dict[str, Any] = {"block_size": 3, "next_token": True, "dtype": "int64", **kw}
+        wide, narrow = twin_elements(paths, **opts)
+        assert_same(narrow, wide)
+        assert_same(narrow, core_epochs(paths[WIDE], 1, **opts))
+
+
+def test_uint16_documents_equal_the_uint32_files(tmp_path: Path) -> None:
+    tokens = narrow_tokens(4 * 13, 8)
+    tokens[:, ::3] = NARROW_MAX  # the BOS id: the largest uint16 token
+    paths = write_twins(tmp_path, tokens=tokens)
+    for next_token in (False, True):
+        kw: dict[str, Any] = {"bos_id": NARROW_MAX, "next_token": next_token, "block_size": 3}
+        wide, narrow = (
+            [{k: v.numpy() for k, v in e.items()} for e in tf_dataset(paths[name], **kw)]
+            for name in (WIDE, NARROW)
+        )
+        core = [dict(item) for item in BatchNativeLoader(paths[WIDE], dtype="int32", **kw)]
+        assert len(narrow) == len(wide) == len(core) == 13
+        for n, w, c in zip(narrow, wide, core, strict=True):
+            assert sorted(n) == sorted(w) == sorted(c)
+            for key in n:
+                assert n[key].dtype == w[key].dtype
+                np.testing.assert_array_equal(n[key], w[key])
+                np.testing.assert_array_equal(n[key], c[key])
+
+
+@pytest.mark.parametrize("verify", ["off", "always"])
+def test_uint16_dataset_of_shards_serves_the_uint32_datasets_elements(
+    tmp_path: Path, verify: str
+) -> None:
+    """A dataset of uint16 shards: read by the record reader shard by shard (``verify="off"``)
+    or through the core loader, which checks every slot's checksum (``"always"``)."""
+    from zerobatch_adapters.tensorflow import TFBatchDataset
+
+    tokens = narrow_tokens(4 * 14, 8)
+    paths = twin_datasets(tmp_path, tokens, 8)
+    kw: dict[str, Any] = {"block_size": 2, "seed": 9, "verify": verify, "next_token": True}
+    with TFBatchDataset(paths[NARROW], **kw) as data:
+        assert data._native() == (verify == "off")
+        assert data.loader.source.token_dtype == np.dtype(np.uint16)
+    wide, narrow = twin_elements(paths, num_epochs=2, **kw)
+    assert len(narrow) == 2 * 14
+    assert_same(narrow, wide)
+    assert_same(narrow, core_epochs(paths[WIDE], 2, **kw))
+
+
+def test_uint16_input_context_pipelines_read_their_rows(tmp_path: Path) -> None:
+    from zerobatch_adapters.tensorflow import TFBatchDataset
+
+    paths = write_twins(tmp_path)
+    rows: dict[str, list[Any]] = {WIDE: [], NARROW: []}
+    for pipeline in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline)
+        for name, path in paths.items():
+            with TFBatchDataset(path, input_context=context, block_size=3) as data:
+                rows[name].append(as_numpy(data.dataset()))
+        assert_same(rows[NARROW][pipeline], rows[WIDE][pipeline])
+        want = core_epochs(paths[WIDE], 1, block_size=3, rank=pipeline, world_size=2)
+        assert_same(rows[NARROW][pipeline], want)

@@ -21,8 +21,9 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
+from tests.adapters.twins import NARROW, NARROW_MAX, WIDE, narrow_tokens, write_twins
 from tests.helpers import require
-from zerobatch_core import BatchNativeLoader, StateError
+from zerobatch_core import BatchFileReader, BatchNativeLoader, StateError
 
 torch = require("torch")
 
@@ -736,3 +737,203 @@ def test_staging_ring_reuses_its_buffers_and_grows_only_for_larger_tensors() -> 
     assert ring.allocations == 4
     ring.send("labels", torch.zeros(2, dtype=torch.int64))  # each field has its own slots
     assert ring.allocations == 5 and ring.bytes_sent == 10 * 9 * 4 + 25 * 8 + 16
+
+
+# -- uint16 files ---------------------------------------------------------------------------
+def twin_items(paths: dict[str, Path], make: Callable[[Path], Any]) -> tuple[Any, Any]:
+    """``make``'s items for the uint32 and the uint16 file, as NumPy copies."""
+    return torch_items(make(paths[WIDE])), torch_items(make(paths[NARROW]))
+
+
+def fields(item: Any) -> tuple[Any, ...]:
+    return tuple(item) if isinstance(item, tuple) else (item,)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("next_token", [False, True])
+@pytest.mark.parametrize(("rank", "world"), [(0, 1), (1, 2)])
+@pytest.mark.parametrize("kind", ["dataset", "loader", "device"])
+def test_uint16_file_serves_the_uint32_files_tensors(
+    tmp_path: Path, dtype: str, next_token: bool, rank: int, world: int, kind: str
+) -> None:
+    """Values, dtypes (int64 labels), shapes and order equal the uint32 file's, on the host
+    (the core widens) and through the device path (the device widens)."""
+    paths = write_twins(tmp_path)
+    kw: dict[str, Any] = {"dtype": dtype, "next_token": next_token, "rank": rank}
+    kw |= {"world_size": world}
+    makers: dict[str, Callable[[Path], Any]] = {
+        "dataset": lambda p: TorchBatchDataset(p, **kw, **ORDER),
+        "loader": lambda p: TorchBatchLoader(p, **kw, **ORDER),
+        "device": lambda p: TorchBatchLoader(p, device="cpu", **kw, **ORDER),
+    }
+    wide, narrow = twin_items(paths, makers[kind])
+    assert len(narrow) == 13
+    assert_same_items(narrow, wide)
+    # and both are the core's uint32 batches, which hold ids of 32,768 and above
+    assert_same_items(narrow, core_items(paths[WIDE], **kw))
+    flat = np.concatenate([np.ravel(f) for item in narrow for f in fields(item)])
+    assert flat.max() >= 2**15 and flat.min() >= 0
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("next_token", [False, True])
+def test_device_path_moves_uint16_and_widens_on_the_device(
+    tmp_path: Path, dtype: str, next_token: bool
+) -> None:
+    """A uint16 file's tokens cross as stored (half the uint32 file's bytes through the ring)
+    and arrive as ``dtype`` (labels int64), equal to the uint32 file's; the host widens nothing."""
+    paths = write_twins(tmp_path)
+    sent = {}
+    for name, path in paths.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no accelerator here: "batches are not pinned"
+            loader = TorchBatchLoader(
+                path, dtype=dtype, next_token=next_token, device="cpu", pin_memory=True, **ORDER
+            )
+        got = list(loader)
+        assert_same_items(
+            torch_items(got), core_items(paths[WIDE], dtype=dtype, next_token=next_token)
+        )
+        ring = loader.ring
+        assert ring is not None
+        sent[name] = ring.bytes_sent
+        staged = {b.dtype for bufs in ring.buffers.values() for b in bufs}
+        assert staged == {torch.uint8}
+    narrow = TorchBatchLoader(paths[NARROW], dtype=dtype, next_token=next_token, device="cpu")
+    assert narrow.token_dtype == np.dtype(np.uint16)
+    assert (narrow.loader.dtype, narrow.loader.label_dtype) == (NARROW, NARROW)  # views
+    fields_sent = 2 if next_token else 1
+    width = 7 if next_token else 8
+    assert sent[NARROW] == 13 * fields_sent * 4 * width * np.dtype(np.uint16).itemsize
+    assert sent[NARROW] * 2 == sent[WIDE]
+
+
+def test_device_path_sends_uint16_tensors_and_widens_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What crosses is a torch.uint16 tensor: ``to(device)`` sees uint16, then widens."""
+    paths = write_twins(tmp_path)
+    loader = TorchBatchLoader(paths[NARROW], dtype="int64", next_token=True, device="cpu")
+    crossed: list[torch.dtype] = []
+    real_to = torch.Tensor.to
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args and isinstance(args[0], torch.device):
+            crossed.append(self.dtype)
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    first = next(iter(loader))
+    loader.close()
+    assert crossed[:2] == [torch.uint16, torch.uint16]
+    assert first.inputs.dtype == first.labels.dtype == torch.int64
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_uint16_documents_equal_the_uint32_files(tmp_path: Path, device: str | None) -> None:
+    tokens = narrow_tokens(4 * 13, 8)
+    tokens[:, ::3] = NARROW_MAX  # the BOS id: the largest uint16 token
+    paths = write_twins(tmp_path, tokens=tokens)
+    for next_token in (False, True):
+        kw: dict[str, Any] = {"bos_id": NARROW_MAX, "next_token": next_token}
+        wide, narrow = twin_items(
+            paths, lambda p, kw=kw: TorchBatchLoader(p, device=device, **kw, **ORDER)
+        )
+        assert_same_items(narrow, wide)
+        assert_same_items(narrow, core_items(paths[WIDE], dtype="int32", **kw))
+        assert min(len(item["cu_seqlens"]) for item in narrow) > 4 + 1  # BOS ids were found
+
+
+class CountedRebuilds:
+    """Counts how worker batches arrive in this process: as file coordinates, or as bytes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from zerobatch_adapters import torch_transfer as adapter
+
+        self.regions: list[str] = []
+        self.bytes = 0
+        region, raw = adapter._rebuild_region, adapter._rebuild_bytes
+
+        def rebuild_region(*args: Any) -> Any:
+            self.regions.append(args[-1])
+            return region(*args)
+
+        def rebuild_bytes(*args: Any) -> Any:
+            self.bytes += 1
+            return raw(*args)
+
+        for fake, real in ((rebuild_region, region), (rebuild_bytes, raw)):
+            fake.__qualname__ = fake.__name__ = real.__name__
+            fake.__module__ = real.__module__
+            monkeypatch.setattr(adapter, real.__name__, fake)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("next_token", [False, True])
+def test_uint16_worker_batches_arrive_as_coordinates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, next_token: bool
+) -> None:
+    """int32 of uint16 tokens is a widened copy, not a view, yet it still crosses as file
+    coordinates (its values are checked against the region) and is widened again here."""
+    paths = write_twins(tmp_path)
+    counted = CountedRebuilds(monkeypatch)
+    kw: dict[str, Any] = {"dtype": dtype, "next_token": next_token, "rank": 1, "world_size": 2}
+    ds = TorchBatchDataset(paths[NARROW], **ORDER, **kw)
+    dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=CTX)
+    got = torch_items(dl)
+    assert_same_items(got, core_items(paths[WIDE], **kw))
+    fields_sent = 2 if next_token else 1
+    labels = ["torch.int64"] if next_token else []
+    assert counted.bytes == 0
+    assert sorted(counted.regions) == sorted([f"torch.{dtype}", *labels] * 13)
+    assert len(counted.regions) == 13 * fields_sent
+
+
+class FirstColumnInPlace(TorchBatchDataset):
+    """A worker-side transform that overwrites each batch's first column in place."""
+
+    def __iter__(self) -> Any:
+        for batch in super().__iter__():
+            batch[:, 0] = -1
+            yield batch
+
+
+@pytest.mark.filterwarnings(TOO_MANY_WORKERS)
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_uint16_worker_side_transforms_apply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str
+) -> None:
+    """A uint16 file's int32 batches are copies a transform may change in place: the change
+    is seen (values compared with the region) and the batch travels as its bytes."""
+    paths = write_twins(tmp_path)
+    counted = CountedRebuilds(monkeypatch)
+    want = core_items(paths[WIDE], dtype=dtype)
+
+    def run(ds: Any) -> list[Any]:
+        dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=CTX)
+        return torch_items(dl)
+
+    assert_same_items(run(Doubled(paths[NARROW], dtype=dtype, **ORDER)), [b * 2 for b in want])
+    assert counted.regions == []  # new tensors: not file coordinates
+    masked = [b.copy() for b in want]
+    for b in masked:
+        b[:, 0] = -1
+    assert_same_items(run(FirstColumnInPlace(paths[NARROW], dtype=dtype, **ORDER)), masked)
+    assert counted.bytes == 13 and counted.regions == []
+
+
+def test_uint16_regions_rebuild_in_the_dtype_asked_for(tmp_path: Path) -> None:
+    from zerobatch_adapters import torch_transfer as adapter
+
+    paths = write_twins(tmp_path)
+    path = str(paths[NARROW])
+    identity = adapter.file_identity(path)
+    with BatchFileReader(paths[NARROW]) as reader:
+        region = np.array(reader.read_batch(2)[1:3, 2:7])
+    for dtype in ("torch.int32", "torch.int64", "torch.uint16"):
+        got = adapter._rebuild_region(path, identity, 2, 1, 3, 2, 7, dtype)
+        assert str(got.dtype) == dtype and got.shape == (2, 5)
+        np.testing.assert_array_equal(got.numpy().astype(np.int64), region.astype(np.int64))
+    rebuilt = adapter._rebuild_bytes(region.tobytes(), "torch.uint16", region.shape)
+    assert rebuilt.dtype == torch.uint16
+    np.testing.assert_array_equal(rebuilt.numpy(), region)

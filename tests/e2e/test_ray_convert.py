@@ -41,6 +41,7 @@ from tests.helpers import require
 from tests.unit.bpe import train_bpe
 from zerobatch_core import DatasetReader, IngestError, convert
 from zerobatch_core.cli import main
+from zerobatch_core.ingest.dtypes import plan_text_dtype, tokenizer_ids
 from zerobatch_core.ingest.units import plan_units
 from zerobatch_core.tokenization import load_tokenizer
 
@@ -314,6 +315,8 @@ def _faulty_run(corpus: tuple[list[str], str], out: Path, markers: Path, **kw: A
     paths, spec = corpus
     units, files = plan_units(paths)
     assert len(units) == FILES * math.ceil(DOCS_PER_FILE / ROW_GROUP)
+    tok = load_tokenizer(spec)  # the dtype the local engine's "auto" writes for it
+    dtype = plan_text_dtype(tokenizer_ids(tok, None), "auto", tok.name).code
     sink = FaultySink(
         out,
         seq_len=SEQ_LEN,
@@ -325,6 +328,7 @@ def _faulty_run(corpus: tuple[list[str], str], out: Path, markers: Path, **kw: A
         inputs=paths,
         concurrency=2,
         markers=str(markers),
+        dtype=dtype,
         **kw,
     )
     segments = ray_convert.segments_dataset(

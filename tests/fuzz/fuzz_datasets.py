@@ -64,14 +64,23 @@ def run_command(argv: list[str]) -> None:
 
 
 def _loader(root: str, index: int) -> None:
-    from zerobatch_core import BatchNativeLoader, OutputDType
+    """The loader over the mutant, a few items, then hostile states. Whatever the output dtype,
+    the tokens it stores are the manifest's dtype (every shard's), and a native item has it."""
+    from zerobatch_spec import TOKEN_DTYPES
 
-    dtype: OutputDType = ("uint32", "int64")[index % 2]
+    from zerobatch_core import BatchNativeLoader, DatasetReader, OutputDType
+
+    dtype: OutputDType = ("native", "int64", "uint32", "int32")[index % 4]
     loader = BatchNativeLoader(root, dtype=dtype, block_size=1 + index % 3)
     try:
+        assert isinstance(loader.source, DatasetReader), type(loader.source)
+        stored = TOKEN_DTYPES[loader.source.manifest.dtype]
+        assert loader.token_dtype == stored, f"{loader.token_dtype} from a {stored} manifest"
         items = iter(loader)
         for _ in range(3):
-            next(items, None)
+            item = next(items, None)
+            if item is not None and dtype == "native":
+                assert item.dtype == stored, f"a native item of {item.dtype}, not {stored}"
         saved = loader.state_dict()
         for k in (index % len(HOSTILE_STATES), (index // 7) % len(HOSTILE_STATES)):
             state = {**saved, **HOSTILE_STATES[k]}

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from itertools import islice
 from typing import Any
 
+import numpy as np
+
 from tests.fuzz.fuzz_datasets import run_command
 from tests.fuzz.harness import Campaign, Step, campaign_main, run_entries
 from tests.fuzz.mutants import (
@@ -85,13 +87,17 @@ def batch_keys(root: str) -> list[str]:
 
 def _read(root: str) -> None:
     """Read every batch the newest version lists (at most ``READ_LIMIT``); each must be a
-    whole batch of the base."""
+    whole batch of the base, with the base's uint32 tokens: a descriptor whose dtype a mutant
+    changed must get its batch objects refused, never read with another token width."""
     from zerobatch_core.live.source import LiveSource
 
     with LiveSource(root, timeout=0.2) as source:
         for g in range(source.start, min(source.committed, source.start + READ_LIMIT)):
             got = source.read_batch(g)
             assert live_identify(got) is not None, f"global batch {g}: not a batch of the base"
+            assert got.dtype == source.token_dtype == np.uint32, (
+                f"global batch {g}: {got.dtype} tokens from a {source.token_dtype} source"
+            )
 
 
 def _loader(root: str, index: int) -> None:

@@ -26,6 +26,7 @@ to the caller, which counts it as a defect.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -40,11 +41,14 @@ import numpy.typing as npt
 from zerobatch_conformance.generate import assemble, pseudo_tokens
 from zerobatch_conformance.probe import describe_batch_file
 from zerobatch_spec import (
+    DTYPE_UINT16,
+    DTYPE_UINT32,
     FIELD_OFFSETS,
     HEADER_SIZE,
     HEADER_STRUCT,
     MAGIC,
     RESERVED_OFFSET,
+    TOKEN_DTYPES,
     U32_MAX,
     U64_MAX,
     ErrorCode,
@@ -99,12 +103,15 @@ U64_EXTREMES = (
     U64_MAX,
 )
 MAGICS = (b"LLMBATCX", b"llmbatch", bytes(8), b"LLMBATC\x00", b"\x00LLMBATC", b"BATCHLLM")
+DTYPE_VALUES = (DTYPE_UINT32, DTYPE_UINT16, 2, 3, 256, 257, 65536, 65537, 2**31, U32_MAX)
+"""Values the dtype field is set to: both defined codes, and codes whose low byte or low 16 bits
+are a defined one (a reader of part of the field would accept them)."""
 
 
-def _base(batch_size: int, seq_len: int, total: int, seed: int) -> bytes:
+def _base(batch_size: int, seq_len: int, total: int, seed: int, dtype: int = 0) -> bytes:
     nb = total // batch_size
-    records = pseudo_tokens(total * seq_len, salt=seed).reshape(total, seq_len)
-    return assemble(Header(batch_size, seq_len, nb, seed, total), records)
+    records = pseudo_tokens(total * seq_len, salt=seed, dtype=dtype).reshape(total, seq_len)
+    return assemble(Header(batch_size, seq_len, nb, seed, total, dtype=dtype), records)
 
 
 BASES: tuple[bytes, ...] = (
@@ -115,8 +122,25 @@ BASES: tuple[bytes, ...] = (
     _base(3, 5, 2, 5),  # no batches: the header alone
     _base(8, 512, 8, 6),  # 16 KiB, no padding
     _base(2, 4, 9, 7),  # four batches, one dropped record
+    # dtype 1 (uint16 tokens)
+    _base(2, 3, 5, 8, DTYPE_UINT16),  # padding: one page as either dtype
+    _base(2, 1024, 4, 9, DTYPE_UINT16),  # exactly one page, no padding (two as uint32)
+    _base(5, 600, 5, 10, DTYPE_UINT16),  # 6000 token bytes padded to 8192 (12288 as uint32)
+    _base(3, 5, 2, 11, DTYPE_UINT16),  # no batches: the header alone
+    _base(8, 1024, 8, 12, DTYPE_UINT16),  # 16 KiB, no padding
+    _base(1, 1, 3, 13, DTYPE_UINT16),  # one token per batch
 )
-"""Valid files written per the spec (``zerobatch_conformance.generate.assemble``)."""
+"""Valid files written per the spec (``zerobatch_conformance.generate.assemble``), of both
+dtypes."""
+
+U16_BASES = tuple(i for i, data in enumerate(BASES) if parse_header(data[:HEADER_SIZE]).dtype)
+"""The indices of the dtype 1 bases."""
+
+
+def sizing(h: Header) -> Header:
+    """``h`` as far as sizes go: a header with an undefined dtype sized as dtype 0 (rule 4
+    rejects it whatever its size; a mutation still wants a size to aim at)."""
+    return h if h.dtype in TOKEN_DTYPES else dataclasses.replace(h, dtype=DTYPE_UINT32)
 
 
 def set_field(data: bytearray, name: str, value: int) -> None:
@@ -134,7 +158,7 @@ def declared_size(data: bytes | bytearray) -> int | None:
     h = parse_header(bytes(data[:HEADER_SIZE]))
     if h.batch_size == 0 or h.seq_len == 0:
         return None
-    return h.file_size
+    return sizing(h).file_size
 
 
 def edit_bytes(data: bytearray, op: Sequence[Any]) -> bool:
@@ -210,13 +234,18 @@ def _field_value(rng: random.Random, name: str, data: bytes) -> int:
     )
     width = FIELD_BYTES[name] * 8
     roll = rng.random()
-    if roll < 0.6:
+    if name == "dtype" and roll < 0.5:
+        # a quarter of dtype mutations the other defined code (the file read with the other
+        # token width), a quarter one of the listed codes
+        other = DTYPE_UINT16 if current == DTYPE_UINT32 else DTYPE_UINT32
+        value = other if roll < 0.25 else rng.choice(DTYPE_VALUES)
+    elif roll < 0.6:
         value = rng.choice(U64_EXTREMES if width == 64 else U32_EXTREMES)
     elif roll < 0.75:
         value = current + rng.choice((-2, -1, 1, 2))
     elif roll < 0.85 and name == "num_batches" and len(data) >= HEADER_SIZE:
         # A count whose 64-bit product with the slot size wraps to (nearly) the real body size.
-        h = parse_header(data[:HEADER_SIZE])
+        h = sizing(parse_header(data[:HEADER_SIZE]))
         pad = max(h.padded_batch_bytes, 1)
         value = (1 << 64) // pad * rng.randrange(1, 4) + h.num_batches + rng.choice((-1, 0, 1))
     else:
@@ -307,7 +336,7 @@ def padding_fault(data: bytes, h: Header) -> int | None:
     if raw == padded:
         return None
     for i in range(h.num_batches):
-        start = batch_offset(i, h.batch_size, h.seq_len)
+        start = batch_offset(i, h.batch_size, h.seq_len, h.dtype)
         if any(data[start + raw : start + padded]):
             return i
     return None
@@ -326,13 +355,21 @@ def check(path: str, data: bytes) -> str:
         with BatchFileReader(path) as r:
             r.check_size()
             h = r.header
+            assert r.token_dtype == TOKEN_DTYPES[h.dtype], "served dtype is not the header's"
             for i in range(len(r)):
-                start = batch_offset(i, h.batch_size, h.seq_len)
-                got = r.read_batch(i).tobytes()
+                start = batch_offset(i, h.batch_size, h.seq_len, h.dtype)
+                batch = r.read_batch(i)
+                assert batch.dtype == r.token_dtype, f"batch {i} is {batch.dtype}"
+                got = batch.tobytes()
                 assert got == data[start : start + h.raw_batch_bytes], f"batch {i} bytes differ"
             if len(r):
                 assert r.read_batches(0, len(r)).shape == (len(r), h.batch_size, h.seq_len)
-                assert r.read_batch_int32(-1).tobytes() == r.read_batch(-1).tobytes()
+                wide = r.read_batch_int32(-1)
+                assert wide.dtype == np.int32
+                if h.dtype == DTYPE_UINT32:  # a bit-cast view of the same bytes
+                    assert wide.tobytes() == r.read_batch(-1).tobytes()
+                else:  # uint16 widened: the same values, exactly
+                    assert np.array_equal(wide, r.read_batch(-1))
                 assert np.array_equal(r.read_batch_int64(0), r.read_batch(0))
     except FormatError as e:
         assert expected is not None, f"reader rejected a valid file: {e}"
@@ -359,7 +396,7 @@ def check(path: str, data: bytes) -> str:
         assert len(answer["batch_sha256"]) == h.num_batches
         if h.num_batches:
             raw = h.raw_batch_bytes
-            start = batch_offset(h.num_batches - 1, h.batch_size, h.seq_len)
+            start = batch_offset(h.num_batches - 1, h.batch_size, h.seq_len, h.dtype)
             last = hashlib.sha256(data[start : start + raw]).hexdigest()
             assert answer["batch_sha256"][-1] == last
         return outcome
@@ -389,6 +426,8 @@ def check(path: str, data: bytes) -> str:
 #   the entry consistent (so that huge counts pass the manifest's own rules and reach the code
 #   that sizes memory from them);
 # * ``("shape", batch_size, seq_len)``: a dataset manifest's shape, every shard's size refit;
+# * ``("dtype", value, refit)``: a dataset manifest's ``dtype`` set (``None``: removed), with
+#   ``refit`` every shard's size recomputed for it, so that only the shards' headers tell;
 # * ``("fixsums",)``: the manifest's ``checksums.xxh3`` digest set to the checksums file's, so
 #   that a mutated checksums file reaches the slot checks;
 # * ``("flip", file, offset, value)``, ``("truncate", file, length)``,
@@ -402,7 +441,8 @@ def check(path: str, data: bytes) -> str:
 #   ``("shrink", drop)``: a next version that lists ``drop`` fewer tail entries;
 #   ``("mark", consumer, batch)``: a watermark object; ``("record", samples, batch_size,
 #   foreign)``: ``record_watermark`` called with a hostile state (``foreign``: another
-#   dataset's identity), keeping one watermark, as checkpoint rotation does.
+#   dataset's identity), keeping one watermark, as checkpoint rotation does;
+#   ``("ldtype", value)``: ``live.json``'s ``dtype`` set (``None``: removed).
 
 Tree = tuple[dict[str, bytes], dict[str, tuple[str, str]]]
 """A mutant tree: regular files' bytes by relative path, and special entries by relative path
@@ -554,10 +594,17 @@ def _swap(obj: Any, op: Op) -> bytes | None:
     return _dump_json(obj)
 
 
-def _fit_entry(entry: Any, b: int, t: int, n: int) -> None:
-    """Make a shard entry of ``n`` slots consistent with shape ``b`` x ``t``: its size, enough
-    records, and a records range that spans them."""
-    entry["size"] = expected_file_size(b, t, n)
+def _manifest_dtype(obj: Any) -> int:
+    """The dtype code a manifest's sizes are computed with: its ``dtype`` when that is a defined
+    code, else 0 (a manifest with another ``dtype`` is refused whatever its sizes)."""
+    code = obj.get("dtype", DTYPE_UINT32) if isinstance(obj, dict) else DTYPE_UINT32
+    return code if type(code) is int and code in TOKEN_DTYPES else DTYPE_UINT32
+
+
+def _fit_entry(entry: Any, b: int, t: int, n: int, dtype: int = DTYPE_UINT32) -> None:
+    """Make a shard entry of ``n`` slots consistent with shape ``b`` x ``t`` and dtype code
+    ``dtype``: its size, enough records, and a records range that spans them."""
+    entry["size"] = expected_file_size(b, t, n, dtype)
     entry["total_records"] = max(int(entry["total_records"]), n * b)
     if entry.get("records") is not None:
         first = int(entry["records"][0])
@@ -571,7 +618,7 @@ def _fit_shard(obj: Any, shard: int, n: int | str) -> bytes | None:
         # "max": the most slots total_records (a u32) allows at this batch size.
         n = U32_MAX // max(b, 1) if n == "max" else int(n)
         entry["num_batches"] = n
-        _fit_entry(entry, b, t, n)
+        _fit_entry(entry, b, t, n, _manifest_dtype(obj))
     except (KeyError, IndexError, TypeError, ValueError):
         return None
     return _dump_json(obj)
@@ -581,9 +628,27 @@ def _shape(obj: Any, b: int, t: int) -> bytes | None:
     try:
         obj["batch_size"], obj["seq_len"] = b, t
         for entry in obj["shards"]:
-            _fit_entry(entry, b, t, int(entry["num_batches"]))
+            _fit_entry(entry, b, t, int(entry["num_batches"]), _manifest_dtype(obj))
     except (KeyError, IndexError, TypeError, ValueError):
         return None
+    return _dump_json(obj)
+
+
+def _dtype(obj: Any, value: Any, refit: bool) -> bytes | None:
+    """A manifest's ``dtype`` set to ``value`` (``None``: the key removed), and with ``refit``
+    every shard's size recomputed for it, so that the shards' own headers must tell."""
+    if not isinstance(obj, dict):
+        return None
+    obj.pop("dtype", None)
+    if value is not None:
+        obj["dtype"] = value
+    if refit:
+        try:
+            b, t = int(obj["batch_size"]), int(obj["seq_len"])
+            for entry in obj["shards"]:
+                _fit_entry(entry, b, t, int(entry["num_batches"]), _manifest_dtype(obj))
+        except (KeyError, IndexError, TypeError, ValueError):
+            pass
     return _dump_json(obj)
 
 
@@ -619,6 +684,8 @@ def apply_tree(tree: Tree, ops: Sequence[Op]) -> Tree:
             _edit_json(files, MANIFEST_NAME, lambda obj, op=op: _fit_shard(obj, op[1], op[2]))
         elif kind == "shape":
             _edit_json(files, MANIFEST_NAME, lambda obj, op=op: _shape(obj, op[1], op[2]))
+        elif kind == "dtype":
+            _edit_json(files, MANIFEST_NAME, lambda obj, op=op: _dtype(obj, op[1], op[2]))
         elif kind == "fixsums":
             digest = bytes_xxh3(files.get(CHECKSUMS_NAME, b""))
 
@@ -714,8 +781,9 @@ def _byte_op(rng: random.Random, name: str, data: bytes) -> Op:
 
 
 def _dataset_bases() -> tuple[Tree, ...]:
-    """Two small valid dataset directories, built by ZeroBatch's own writers, and the valid
-    LLMBATCH file ``outside.batch`` that lives beside each (the target of traversal names)."""
+    """Three small valid dataset directories, built by ZeroBatch's own writers (the third of
+    uint16 tokens), and the valid LLMBATCH file ``outside.batch`` that lives beside each (the
+    target of traversal names)."""
     from zerobatch_core import create_dataset, write_batch_file, write_sharded_dataset
 
     bases: list[Tree] = []
@@ -737,7 +805,20 @@ def _dataset_bases() -> tuple[Tree, ...]:
             tokens = pseudo_tokens(rows * 300, salt=10 + i).reshape(rows, 300)
             write_batch_file(os.path.join(b, name), tokens, batch_size=3, seed=i)
         create_dataset(b, ["b.batch", "a.batch"], seed=9)
-        for root in (a, b):
+        c = os.path.join(tmp, "c")
+        # 4 x 700 uint16 tokens: 5600 bytes padded to 8192 (as uint32, 12288): shards of 2
+        # batches and 1 (one record dropped), rows that split over 2 ranks
+        write_sharded_dataset(
+            c,
+            [pseudo_tokens(13 * 700, salt=3, dtype=DTYPE_UINT16).reshape(13, 700)],
+            batch_size=4,
+            seq_len=700,
+            shard_batches=2,
+            seed=6,
+            sources=[Source("train.bin", (0, 13))],
+            dtype="uint16",
+        )
+        for root in (a, b, c):
             files = {}
             for name in sorted(os.listdir(root)):
                 with open(os.path.join(root, name), "rb") as f:
@@ -772,6 +853,9 @@ def random_dataset_op(rng: random.Random, tree: Tree) -> Op:
         return ("fit", rng.randrange(shards), n)
     if roll < 0.52:
         return ("shape", rng.choice(JSON_INTS[2:12]), rng.choice(JSON_INTS[2:12]))
+    if roll < 0.555:
+        value = rng.choice((0, 1, 1, 2, 65537, -1, None, "uint16", True, 1.0))
+        return ("dtype", value, rng.random() < 0.7)
     if roll < 0.60 and shards:
         return ("set", MANIFEST_NAME, ["shards", rng.randrange(shards), "name"],
                 rng.choice(HOSTILE_NAMES))  # fmt: skip
@@ -810,7 +894,7 @@ def random_dataset_mutant(seed: int, index: int) -> tuple[int, list[Op], Tree]:
 
 # -- live datasets -------------------------------------------------------------------------
 
-LIVE_OPS = ("ahead", "shrink", "mark", "record")
+LIVE_OPS = ("ahead", "shrink", "mark", "record", "ldtype")
 """Mutations only ``apply_live`` knows (they need the live dataset's rules or its API)."""
 
 LIVE_B, LIVE_T = 4, 16
@@ -955,6 +1039,17 @@ def apply_live(tree: Tree, ops: Sequence[Op]) -> Tree:
             _next_version(files, 1, shrink)
         elif op[0] == "mark":
             files[f"watermarks/{op[1]}/{op[2]:020d}.json"] = _dump_json({"batch": op[2]})
+        elif op[0] == "ldtype":
+
+            def set_dtype(obj: Any, value: Any = op[1]) -> bytes | None:
+                if not isinstance(obj, dict):
+                    return None
+                obj.pop("dtype", None)
+                if value is not None:
+                    obj["dtype"] = value
+                return _dump_json(obj)
+
+            _edit_json(files, "live.json", set_dtype)
     return files, special
 
 
@@ -983,6 +1078,10 @@ def random_live_op(rng: random.Random, tree: Tree) -> Op:
         # watermark may rotate the real one out): only hostile states are drawn.
         legitimate = batch_size > 0 and 0 < samples // batch_size <= LIVE_BATCHES
         return ("record", samples, batch_size, legitimate or rng.random() < 0.5)
+    if roll < 0.33:
+        # The descriptor's dtype changed under uint32 batch objects of one page either way:
+        # only each object's header can tell.
+        return ("ldtype", rng.choice((1, 1, 1, 0, 2, 65537, "uint16", True, None)))
     documents = [k for k in files if k.endswith(".json")]
     weights = [
         6 if k in versions[-2:] else 3 if k.startswith("segments/") else 1 for k in documents

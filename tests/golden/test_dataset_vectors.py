@@ -178,6 +178,7 @@ def test_the_sharded_writer_reproduces_the_vector(entry: dict[str, Any], tmp_pat
         seed=spec["seed"],
         sources=[Source(s["path"], tuple(s["records"])) for s in spec["sources"]],
         allow_empty=True,
+        dtype=spec.get("dtype", 0),  # the dtype code, stated only where it is not 0
     )
     same_tree(tmp_path / "out", VECTORS / entry["input"])
 
@@ -195,6 +196,8 @@ def test_create_dataset_reproduces_the_vector(entry: dict[str, Any], tmp_path: P
 
 def test_writer_vectors_exist() -> None:
     assert len(WRITTEN) >= 4 and len(DESCRIBED) >= 1
+    assert sum("uint16" in e["flags"] for e in WRITTEN) >= 2
+    assert sum("uint16" in e["flags"] for e in DESCRIBED) >= 1
 
 
 # -- what a loader finds on read, and what only deep validation finds ---------------------------

@@ -13,9 +13,9 @@ import pytest
 from zerobatch_conformance.generate import check_vectors
 from zerobatch_conformance.probe import probe
 from zerobatch_conformance.runner import _compare, run_vectors
-from zerobatch_spec import HEADER_STRUCT, build_header, parse_header
+from zerobatch_spec import DTYPE_NAMES, HEADER_STRUCT, build_header, parse_header
 
-from zerobatch_core import write_batch_dataset, write_batch_file
+from zerobatch_core import BatchFileReader, write_batch_dataset, write_batch_file
 
 VECTORS = Path(__file__).resolve().parents[2] / "conformance" / "vectors"
 INDEX = json.loads((VECTORS / "index.json").read_text())["vectors"]
@@ -52,6 +52,7 @@ def test_enough_vectors_and_every_code_covered() -> None:
         "unreadable_path",
         "invalid_query",
         "max-shape",
+        "uint16",
     ):
         assert code in codes, code
 
@@ -78,12 +79,22 @@ def test_writer_reproduces_vector_bytes(entry: dict[str, str], tmp_path: Path) -
     spec = expected(entry["id"])["writer_input"]
     assert isinstance(spec, dict)
     seq_len, batch_size, seed = spec["seq_len"], spec["batch_size"], spec["seed"]
+    dtype = spec.get("dtype", 0)  # the dtype code, stated only where it is not 0
     src = np.array(spec["records"], dtype=np.uint32).reshape(len(spec["records"]), seq_len)
     golden = (VECTORS / entry["input"]).read_bytes()
-    write_batch_file(tmp_path / "a.batch", src, batch_size, seq_len, seed, allow_empty=True)
+    write_batch_file(
+        tmp_path / "a.batch", src, batch_size, seq_len, seed, allow_empty=True, dtype=dtype
+    )
     assert (tmp_path / "a.batch").read_bytes() == golden
     write_batch_dataset(
-        tmp_path / "b.batch", iter(src), len(src), batch_size, seq_len, seed, allow_empty=True
+        tmp_path / "b.batch",
+        iter(src),
+        len(src),
+        batch_size,
+        seq_len,
+        seed,
+        allow_empty=True,
+        dtype=DTYPE_NAMES[dtype],  # the name, as users spell it
     )
     assert (tmp_path / "b.batch").read_bytes() == golden
 
@@ -99,6 +110,32 @@ def test_writer_input_names_its_seq_len() -> None:
 
 def test_writer_vectors_exist() -> None:
     assert len(WRITER) >= 8
+    assert sum("uint16" in e["flags"] for e in WRITER) >= 8
+
+
+U16_WRITER = [e for e in WRITER if "uint16" in e["flags"]]
+
+
+@pytest.mark.parametrize("entry", U16_WRITER, ids=[e["id"] for e in U16_WRITER])
+def test_uint16_vector_holds_the_uint32_files_tokens_in_half_the_token_bytes(
+    entry: dict[str, str], tmp_path: Path
+) -> None:
+    """A dtype 1 vector's writer input written as uint32 gives the same tokens, batch for batch,
+    in slots of twice the token bytes (rounded up to pages)."""
+    spec = expected(entry["id"])["writer_input"]
+    assert isinstance(spec, dict) and spec["dtype"] == 1
+    src = np.array(spec["records"], dtype=np.uint32).reshape(-1, spec["seq_len"])
+    wide = tmp_path / "wide.batch"
+    write_batch_file(wide, src, spec["batch_size"], spec["seq_len"], spec["seed"], allow_empty=True)
+    with BatchFileReader(VECTORS / entry["input"]) as n, BatchFileReader(wide) as w:
+        assert (n.dtype, w.dtype) == (1, 0)
+        assert n.num_batches == w.num_batches
+        words = spec["batch_size"] * spec["seq_len"]
+        assert n.padded_batch_bytes == -(-words * 2 // 4096) * 4096
+        assert w.padded_batch_bytes == -(-words * 4 // 4096) * 4096
+        for i in range(n.num_batches):
+            assert n.read_batch(i).dtype == np.uint16
+            np.testing.assert_array_equal(n.read_batch(i), w.read_batch(i))
 
 
 VALID = [e for e in INDEX if "valid" in e["flags"]]

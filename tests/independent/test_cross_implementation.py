@@ -271,7 +271,8 @@ def test_appended_byte_rejected_by_both(tmp_path: Path) -> None:
     [
         (0, b"X", "bad_magic"),
         (8, b"\x02", "unsupported_version"),
-        (28, b"\x01", "unsupported_dtype"),
+        (28, b"\x02", "unsupported_dtype"),
+        (29, b"\x01", "unsupported_dtype"),  # dtype 256: the code is all four bytes
         (40, b"\x01", "nonzero_reserved"),
         (4095, b"\x01", "nonzero_reserved"),
     ],
@@ -351,3 +352,66 @@ def test_total_records_semantics(tmp_path: Path) -> None:
     with pytest.raises(zerobatch_core.FormatError) as exc:
         BatchFileReader(path)
     assert exc.value.code.value == "record_count_mismatch"
+
+
+# -- dtype 1 (uint16 tokens): a reader of the seed document knows only code 0 -------------
+
+VECTORS = Path(__file__).resolve().parents[2] / "conformance" / "vectors"
+U16_VALID = sorted(p.name for p in VECTORS.glob("u16-valid-*.batch"))
+
+
+def test_uint16_vectors_exist() -> None:
+    assert len(U16_VALID) >= 10
+
+
+@pytest.mark.parametrize("name", U16_VALID)
+def test_seed_reader_rejects_every_valid_uint16_file_as_unsupported(name: str) -> None:
+    """A version 1 reader that knows only dtype 0 must refuse a dtype 1 file by its dtype
+    (SPEC.md rule 4), never read its slots as uint32, even where the sizes happen to agree."""
+    path = VECTORS / name
+    with pytest.raises(ValueError, match="unsupported dtype code: 1"):
+        seed_impl.read_header(path)
+    with pytest.raises(ValueError, match="unsupported dtype code: 1"):
+        seed_impl.read_batches(path)
+    with BatchFileReader(path) as reader:  # ZeroBatch reads it
+        assert reader.dtype == 1 and reader.token_dtype == np.dtype(np.uint16)
+
+
+def test_uint16_file_holds_the_seed_readers_tokens_at_half_the_width(tmp_path: Path) -> None:
+    """The same batches as a dtype 0 file (seed writer) and a dtype 1 file (the seed layout
+    with 2-byte tokens, built here by hand): ZeroBatch serves the same token values from both,
+    the seed reader reads the first and refuses the second."""
+    batches = [
+        np.array([[0, 1, 255, 256, 65535], [65534, 7, 2**15, 2**15 - 1, 0], [9, 9, 9, 9, 9]]),
+        np.array([[65535] * 5, [0] * 5, [1, 2, 3, 4, 5]]),
+    ]
+    wide = tmp_path / "wide.batch"
+    seed_impl.write_file(wide, batches, seed=3, total_records=6)
+    narrow = tmp_path / "narrow.batch"
+    head = seed_impl.pack_header(3, 5, 2, 3, 6, dtype=1)
+    slots = b"".join(
+        np.ascontiguousarray(b, dtype="<u2").tobytes().ljust(seed_impl.PAGE_SIZE, b"\0")
+        for b in batches
+    )
+    narrow.write_bytes(head + slots)
+    assert narrow.stat().st_size == wide.stat().st_size  # 15 tokens fit one page either way
+    with pytest.raises(ValueError, match="unsupported dtype code: 1"):
+        seed_impl.read_header(narrow)
+    seed_batches = seed_impl.read_batches(wide)
+    with BatchFileReader(wide) as w, BatchFileReader(narrow) as n:
+        for i, b in enumerate(batches):
+            np.testing.assert_array_equal(seed_batches[i], b)
+            assert n.read_batch(i).dtype == np.uint16 and w.read_batch(i).dtype == np.uint32
+            np.testing.assert_array_equal(n.read_batch(i), w.read_batch(i))
+            np.testing.assert_array_equal(n.read_batch_int64(i), w.read_batch_int64(i))
+            np.testing.assert_array_equal(n.read_batch_int32(i), b)
+    assert zerobatch_core.validate_file(narrow, deep=True).valid
+    # Relabelling the uint32 file as dtype 1 keeps its size, but its tokens' high halves
+    # become padding: only deep validation can tell.
+    relabelled = bytearray(wide.read_bytes())
+    relabelled[28] = 1
+    forged = tmp_path / "forged.batch"
+    forged.write_bytes(bytes(relabelled))
+    assert zerobatch_core.validate_file(forged, deep=False).valid
+    report = zerobatch_core.validate_file(forged, deep=True)
+    assert report.code is not None and report.code.value == "nonzero_padding"

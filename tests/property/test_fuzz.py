@@ -26,8 +26,10 @@ from zerobatch_spec import HEADER_SIZE, U32_MAX, U64_MAX
 
 from tests.fuzz.mutants import (
     BASES,
+    DTYPE_VALUES,
     MAGICS,
     NUMERIC_FIELDS,
+    U16_BASES,
     U32_EXTREMES,
     U64_EXTREMES,
     Op,
@@ -71,11 +73,19 @@ append_ops = st.tuples(
     st.sampled_from((0, 1, 0xFF)),
 )
 fit_ops = st.tuples(st.just("fit"), st.sampled_from((0, 0, 1, 0x80)), st.booleans())
+dtype_ops = st.tuples(
+    st.just("field"), st.just("dtype"), st.one_of(st.sampled_from(DTYPE_VALUES), u32s)
+)
 mutations = st.lists(
-    st.one_of(field_ops, shape_ops, flip_ops, magic_ops, truncate_ops, append_ops, fit_ops),
+    st.one_of(
+        field_ops, shape_ops, flip_ops, magic_ops, truncate_ops, append_ops, fit_ops, dtype_ops
+    ),
     min_size=1,
     max_size=4,
 )
+
+U16_PADDED, U16_PAGE, U16_MULTIPAGE, U16_EMPTY, U16_BIG, U16_ONE = U16_BASES
+"""The dtype 1 bases, named for the explicit examples (``tests/fuzz/mutants.py``)."""
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +115,18 @@ def run_mutant(path: str, data: bytes) -> str:
 # Odd shapes made valid: header resized to what it declares, records fixed up.
 @example(base=0, ops=[("field", "seq_len", 1025), ("fit", 0, True)])
 @example(base=3, ops=[("field", "batch_size", 4096), ("fit", 0x80, True)])
+# dtype 1: the largest shape without batches; the uint16 wrap; the other token width over the
+# same bytes (same size: valid, or deep-invalid padding; other size: size_mismatch, or resized
+# to it); codes whose low byte or low half is a defined one.
+@example(base=U16_EMPTY, ops=[("field", "batch_size", U32_MAX), ("field", "seq_len", U32_MAX)])
+@example(base=U16_PAGE, ops=[("field", "num_batches", 2**52 + 2), ("field", "total_records", 9)])
+@example(base=U16_PADDED, ops=[("field", "dtype", 0)])
+@example(base=0, ops=[("field", "dtype", 1)])
+@example(base=U16_PAGE, ops=[("field", "dtype", 0)])
+@example(base=U16_MULTIPAGE, ops=[("field", "dtype", 0), ("fit", 0, True)])
+@example(base=1, ops=[("field", "dtype", 1), ("fit", 0, True)])
+@example(base=U16_BIG, ops=[("field", "dtype", 65537)])
+@example(base=U16_ONE, ops=[("field", "dtype", 256)])
 def test_mutants_give_zerobatch_errors_or_full_reads(
     scratch: str, base: int, ops: list[Op]
 ) -> None:
@@ -120,13 +142,17 @@ def test_standalone_run_mutants(scratch: str, index: int) -> None:
 
 
 def test_mutations_reach_every_outcome(scratch: str) -> None:
-    """The long run's generator reaches every rule, valid files and deep-invalid ones alike.
+    """The long run's generator reaches every rule, valid files and deep-invalid ones alike,
+    from the uint32 bases and from the uint16 ones.
 
     A fuzzer whose mutants all fail rule 1 would "pass" while testing nothing; this pins that
     the first few thousand mutants of the standard run cover every outcome.
     """
-    seen = {run_mutant(scratch, random_mutant(0, i)[2]) for i in range(3000)}
-    assert seen == {
+    seen: dict[bool, set[str]] = {False: set(), True: set()}
+    for i in range(3000):
+        base, _, data = random_mutant(0, i)
+        seen[base in U16_BASES].add(run_mutant(scratch, data))
+    every = {
         "valid",
         "valid-deep-invalid",
         "truncated_header",
@@ -138,3 +164,5 @@ def test_mutations_reach_every_outcome(scratch: str) -> None:
         "size_mismatch",
         "record_count_mismatch",
     }
+    assert seen[False] == every  # mutants of uint32 files
+    assert seen[True] == every  # mutants of uint16 files

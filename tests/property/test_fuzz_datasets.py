@@ -76,6 +76,14 @@ ATTACKS = [
         DATASETS, 0, [["fit", 0, "max"], ["fit", 1, "max"], ["fit", 2, "max"]], id="slots-u32"
     ),
     pytest.param(DATASETS, 1, [["shape", 4096, 2**31 - 1]], id="huge-shape"),
+    # Token dtypes: the uint16 dataset read every way; a manifest whose dtype is not its
+    # shards' (sizes refitted, so that only each shard's header tells, or left as they are);
+    # a live descriptor that says uint16 over uint32 batch objects of the same size.
+    pytest.param(DATASETS, 2, [], id="uint16-dataset"),
+    pytest.param(DATASETS, 0, [["dtype", 1, True]], id="uint32-shards-in-a-uint16-manifest"),
+    pytest.param(DATASETS, 2, [["dtype", None, True]], id="uint16-shards-without-dtype"),
+    pytest.param(DATASETS, 2, [["dtype", 0, False]], id="uint16-sizes-under-dtype-0"),
+    pytest.param(LIVE, 1, [["ldtype", 1]], id="live-descriptor-says-uint16"),
     # Metadata files that are not regular files, refused without blocking.
     pytest.param(DATASETS, 0, [["fifo", "manifest.json"]], id="manifest-fifo"),
     pytest.param(DATASETS, 1, [["fifo", "checksums.xxh3"]], id="checksums-fifo"),

@@ -109,7 +109,9 @@ def test_three_producers_feed_a_training_consumer(
     _finish(procs)
     assert committed_documents(url) == collections.Counter(texts)
     with LiveSource(url) as after:  # what it trained on is the committed order
-        assert seen == [np.asarray(after.read_batch(g)).tobytes() for g in range(after.committed)]
+        # The dataset's dtype (uint16 for the byte tokenizer), read as the consumer's uint32.
+        stored = [np.asarray(after.read_batch(g)) for g in range(after.committed)]
+        assert seen == [b.astype(np.uint32).tobytes() for b in stored]
     assert np.isfinite(weights).all()
 
 

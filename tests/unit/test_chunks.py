@@ -305,7 +305,7 @@ def test_a_loader_copy_for_another_process_leaves_its_stage_behind(make_file: Ma
     it = iter(loader)
     next(it)
     state = loader.__getstate__()
-    assert state["_stage"] is None and state["_chunk_pool"] is None
+    assert state["_stage"] is None and state["_chunk_pools"] is None
     twin = copy.copy(loader)
     assert twin._stage is None and loader._stage is not None
     del it

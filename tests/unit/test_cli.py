@@ -226,7 +226,7 @@ def test_write_from_npy(tmp_path: Path, run: Callable[..., Run]) -> None:
     assert r.status == 0 and "6 batches" in r.out and r.err == ""
     with BatchFileReader(out) as reader:
         np.testing.assert_array_equal(reader.read_batches(0, 6), expected_batches(src, 8, 3))
-    write_batch_file(tmp_path / "api.batch", src, batch_size=8, seed=3)
+    write_batch_file(tmp_path / "api.batch", src, batch_size=8, seed=3, dtype="auto")
     assert out.read_bytes() == (tmp_path / "api.batch").read_bytes()
 
 

@@ -673,10 +673,10 @@ def test_a_loader_keeps_one_chunk_pool_per_process(make_file: Callable[..., Path
     loader = BatchNativeLoader(make_file(n=80, batch_size=4), dtype="int64", seed=1)
     for _ in loader:
         pass
-    pool = loader._pool()
+    (pool,) = loader._pools()
     for _ in loader:
         pass
-    assert loader._pool() is pool and 0 < len(pool) <= pool.capacity
+    assert loader._pools()[0] is pool and 0 < len(pool) <= pool.capacity
 
 
 @pytest.mark.parametrize("source", ["file", "dataset"])

@@ -347,13 +347,13 @@ def test_signed_inputs_are_checked_a_chunk_of_records_at_a_time(
     # 64-byte chunks of 4-token int64 records: two records per conversion, never the whole input.
     monkeypatch.setattr(writer_module, "CHUNK_BYTES", 64)
     checked: list[tuple[int, int]] = []
-    to_u32 = writer_module._to_u32
+    to_tokens = writer_module._to_tokens
 
-    def spy(rows: np.ndarray, what: str, first_record: int) -> np.ndarray:
+    def spy(rows: np.ndarray, what: str, first_record: int, dtype: int = 0) -> np.ndarray:
         checked.append((first_record, rows.shape[0]))
-        return to_u32(rows, what, first_record)
+        return to_tokens(rows, what, first_record, dtype)
 
-    monkeypatch.setattr(writer_module, "_to_u32", spy)
+    monkeypatch.setattr(writer_module, "_to_tokens", spy)
     writer_module._check_values(records(10, 4, np.int64), "tokens_array")
     assert checked == [(0, 2), (2, 2), (4, 2), (6, 2), (8, 2)]
 
@@ -798,13 +798,13 @@ def test_records_larger_than_a_chunk_are_checked_one_at_a_time(
 ) -> None:
     monkeypatch.setattr(writer_module, "CHUNK_BYTES", 8)  # below one 32-byte int64 record
     checked: list[int] = []
-    to_u32 = writer_module._to_u32
+    to_tokens = writer_module._to_tokens
 
-    def spy(rows: np.ndarray, what: str, first_record: int) -> np.ndarray:
+    def spy(rows: np.ndarray, what: str, first_record: int, dtype: int = 0) -> np.ndarray:
         checked.append(rows.shape[0])
-        return to_u32(rows, what, first_record)
+        return to_tokens(rows, what, first_record, dtype)
 
-    monkeypatch.setattr(writer_module, "_to_u32", spy)
+    monkeypatch.setattr(writer_module, "_to_tokens", spy)
     writer_module._check_values(records(5, 4, np.int64), "tokens_array")
     assert checked == [1] * 5
 

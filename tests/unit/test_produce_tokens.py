@@ -23,7 +23,7 @@ BOS = 7
 
 def _rows(url: str) -> list[bytes]:
     return [
-        row.tobytes()
+        row.astype(np.uint32).tobytes()  # the dataset's dtype (uint16 here) read as uint32
         for stream in producer_streams(url).values()
         for batch in stream
         for row in batch

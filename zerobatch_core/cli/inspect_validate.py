@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Mapping
 from typing import Any
 
-from zerobatch_spec import DTYPE_UINT32, TOKEN_DTYPE, padded_batch_bytes
+from zerobatch_spec import DTYPE_NAMES as DTYPE_NAMES  # the name of each code (cli exports it)
+from zerobatch_spec import padded_batch_bytes
 from zerobatch_spec.dataset import CHECKSUM_ALGORITHM, MANIFEST_FORMAT, MANIFEST_VERSION
 
 from ..datasets.dataset import DatasetError, DatasetReader
@@ -25,8 +25,10 @@ from ..files.validation import validate_file
 from . import inspect_validate_remote, mixture
 from .common import EXIT_INVALID, EXIT_OK, dataset_directory, plural, print_table, report_invalid
 
-DTYPE_NAMES: Mapping[int, str] = {DTYPE_UINT32: TOKEN_DTYPE.name}
-"""The name of each token dtype code, shown by ``inspect`` beside the code."""
+
+def dtype_text(code: int) -> str:
+    """A token dtype code as ``inspect`` and ``validate`` show it: ``"1 (uint16)"``."""
+    return f"{code} ({DTYPE_NAMES.get(code, 'unknown')})"
 
 
 def _inspect_dataset(args: argparse.Namespace) -> int:
@@ -49,9 +51,9 @@ def _inspect_dataset(args: argparse.Namespace) -> int:
             "batch_size": m.batch_size,
             "seq_len": m.seq_len,
             "seed": m.seed,
-            "dtype": DTYPE_UINT32,
-            "dtype_name": DTYPE_NAMES[DTYPE_UINT32],
-            "padded_batch_bytes": padded_batch_bytes(m.batch_size, m.seq_len),
+            "dtype": m.dtype,
+            "dtype_name": DTYPE_NAMES[m.dtype],
+            "padded_batch_bytes": padded_batch_bytes(m.batch_size, m.seq_len, m.dtype),
             "size": sum(s.size for s in m.shards),
             "tokens": m.num_batches * m.batch_size * m.seq_len,
             "total_records": records,
@@ -79,7 +81,7 @@ def _inspect_dataset(args: argparse.Namespace) -> int:
         print(json.dumps(info))
         return EXIT_OK
     shown = {k: v for k, v in info.items() if k != "dtype_name"}
-    shown["dtype"] = f"{DTYPE_UINT32} ({info['dtype_name']})"
+    shown["dtype"] = dtype_text(m.dtype)
     print_table(shown)
     return EXIT_OK
 
@@ -113,7 +115,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(info))
         return EXIT_OK
     shown = {k: v for k, v in info.items() if k != "dtype_name"}
-    shown["dtype"] = f"{h.dtype} ({info['dtype_name']})"
+    shown["dtype"] = dtype_text(h.dtype)
     print_table(shown)
     return EXIT_OK
 
@@ -129,7 +131,8 @@ def _print_dataset_report(report: DatasetReport) -> None:
         )
         print(
             f"OK {report.path}: dataset of {plural(len(m.shards), 'shard')}, "
-            f"{plural(m.num_batches, 'batch')} of [{m.batch_size}, {m.seq_len}] ({mode})"
+            f"{plural(m.num_batches, 'batch')} of [{m.batch_size}, {m.seq_len}] "
+            f"{DTYPE_NAMES[m.dtype]} ({mode})"
         )
         return
     print(f"INVALID {report.path}: {plural(len(report.failures), 'failure')}")
@@ -159,7 +162,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         mode = "header, size and padding" if report.deep else "header and size"
         print(
             f"OK {report.path}: {plural(h.num_batches, 'batch')} of "
-            f"[{h.batch_size}, {h.seq_len}] ({mode} checks)"
+            f"[{h.batch_size}, {h.seq_len}] {DTYPE_NAMES[h.dtype]} ({mode} checks)"
         )
     else:
         print(f"INVALID {report.path}: {report.code}: field {report.field}: {report.detail}")

@@ -17,7 +17,7 @@ import argparse
 import json
 from typing import Any
 
-from zerobatch_spec import DTYPE_UINT32, padded_batch_bytes
+from zerobatch_spec import DTYPE_NAMES, padded_batch_bytes
 
 from ..datasets.dataset import DatasetError
 from ..datasets.remote import RemoteSource
@@ -101,9 +101,17 @@ def _info(source: RemoteSource) -> dict[str, Any]:
         h = source.header
         assert h is not None
         info.update(kind="file", **h.as_dict(), file_size=h.file_size)
-    info["dtype"] = DTYPE_UINT32
-    info["padded_batch_bytes"] = padded_batch_bytes(b, t)
+    info["dtype"] = source.dtype
+    info["dtype_name"] = DTYPE_NAMES[source.dtype]
+    info["padded_batch_bytes"] = padded_batch_bytes(b, t, source.dtype)
     return info
+
+
+def _shown(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` as the text table shows it: the dtype as its code and name (``1 (uint16)``)."""
+    shown = {k: v for k, v in info.items() if k != "dtype_name"}
+    shown["dtype"] = f"{info['dtype']} ({info['dtype_name']})"
+    return shown
 
 
 def inspect(args: argparse.Namespace) -> int:
@@ -117,7 +125,7 @@ def inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info))
     else:
-        print_table(info)
+        print_table(_shown(info))
     return EXIT_OK
 
 
@@ -151,7 +159,7 @@ def validate(args: argparse.Namespace) -> int:
         mode = "every slot's checksum" if args.deep else "object sizes and headers"
         print(
             f"OK {info['path']}: {info['kind']} of {info['num_batches']} batches of "
-            f"[{info['batch_size']}, {info['seq_len']}] (checked: {mode})"
+            f"[{info['batch_size']}, {info['seq_len']}] {info['dtype_name']} (checked: {mode})"
         )
     else:
         print(f"INVALID {info['path']}: {len(failures)} failures")

@@ -21,6 +21,7 @@ from typing import Any
 from zerobatch_spec.mixture import WEIGHT_DIGITS
 
 from ..delivery.mixture import Mixture, MixtureError, MixtureSource, load_mixture
+from ..delivery.sources import source_token_dtype
 from ..errors import ZeroBatchError
 from .common import EXIT_INVALID, EXIT_OK, plural, print_table, report_invalid
 
@@ -73,12 +74,14 @@ def inspect(args: argparse.Namespace) -> int:
             g = source.global_batch_size
             info["global_batch_size"] = g
             info["seq_len"] = source.seq_len
+            info["dtype"] = source.token_dtype.name  # what "native" serves: the widest
             for i, entry in enumerate(info["components"]):
                 reader = source.component(i)
                 entry.update(
                     batch_size=reader.batch_size,
                     num_batches=reader.num_batches,
                     steps_per_epoch=reader.num_batches * reader.batch_size // g,
+                    dtype=source_token_dtype(reader).name,
                 )
     except (ZeroBatchError, ValueError) as e:
         return report_invalid(
@@ -94,13 +97,14 @@ def inspect(args: argparse.Namespace) -> int:
             "phases": len(mixture.phases),
             "global_batch_size": info["global_batch_size"],
             "seq_len": info["seq_len"],
+            "dtype": info["dtype"],
             "steps": "endless" if mixture.steps is None else mixture.steps,
         }
     )
     for entry in info["components"]:
         print(
             f"  {entry['name']}: {entry['source']}, batches of [{entry['batch_size']}, "
-            f"{info['seq_len']}] x {entry['num_batches']:,}, "
+            f"{info['seq_len']}] {entry['dtype']} x {entry['num_batches']:,}, "
             f"{plural(entry['steps_per_epoch'], 'step')} per epoch"
         )
     for phase in info["phases"]:

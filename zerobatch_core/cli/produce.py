@@ -37,6 +37,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         "epochs": args.epochs,
         "batches_per_object": args.batches_per_object,
         "workers": args.workers,
+        "dtype": args.dtype,
     }
     if args.engine == "ray":
         if args.index is not None:
@@ -208,6 +209,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--seed", type=u32, default=0, metavar="S", help="seed of the unit orders (default: 0)"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "uint16", "uint32"],
+        default="auto",
+        help="how tokens are stored: uint16 (half the bytes; ids up to 65,535) or uint32; auto "
+        "takes the live dataset's own dtype, or for a new one uint16 when the tokenizer's "
+        "vocabulary (or 16-bit token files) and the pad id fit, else uint32 (default: auto)",
     )
     p.add_argument(
         "--epochs",

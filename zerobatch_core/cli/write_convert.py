@@ -88,6 +88,7 @@ def cmd_write(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             allow_empty=args.allow_empty,
             shard_batches=args.shard_batches,
+            dtype=args.dtype,
         )
     _print_summary(args, summary)
     return EXIT_OK
@@ -131,6 +132,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             allow_empty=args.allow_empty,
             shard_batches=args.shard_batches,
+            dtype=args.dtype,
         )
     _print_summary(args, summary)
     return EXIT_OK
@@ -186,6 +188,7 @@ def _convert_with_ray(args: argparse.Namespace, inputs: Sequence[str]) -> int:
         address=args.address,
         show_progress=not (args.quiet or args.json),
         kind=args.kind,
+        dtype=args.dtype,
     )
     _print_summary(args, summary)
     return EXIT_OK
@@ -211,6 +214,15 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         default=0,
         metavar="S",
         help="shuffle seed in [0, 2**32 - 1]; the same input and seed give the same file",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "uint16", "uint32"],
+        default="auto",
+        help="how tokens are stored: uint16 (half the bytes; ids up to 65,535), uint32, or auto: "
+        "uint16 when every token fits (text: the tokenizer's vocabulary and BOS/pad ids; token "
+        "files: 16-bit inputs, or the largest id written), else uint32 (default: auto); the "
+        "summary says which was written and why",
     )
     p.add_argument(
         "--overwrite",

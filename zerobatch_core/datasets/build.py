@@ -8,6 +8,12 @@ that already exist. Both then write ``checksums.xxh3`` and, last, ``manifest.jso
 atomically: a directory without a manifest is not a dataset, and a manifest never names a shard
 that is missing or partial.
 
+Every shard of a dataset has one token dtype (``SPEC.md`` section 12), recorded in the
+manifest (``Manifest.dtype``): ``write_sharded_dataset`` writes every shard with its ``dtype``
+(``"auto"``: uint16 while every shard's tokens fit it; a shard that needs uint32 makes the
+shards before it be rewritten as uint32, from their own bytes, so the dataset is the one a
+uint32 write would have given), and ``create_dataset`` refuses files of mixed dtypes.
+
 ``write_sharded_dataset`` owns the names ``shard-NNNNN.batch``, ``checksums.xxh3`` and
 ``manifest.json`` in its directory: it refuses a directory that holds a manifest or shards
 unless ``overwrite=True`` (a manifest: an existing dataset; shards alone: an unfinished write),
@@ -34,7 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
-from zerobatch_spec import U32_MAX, build_header
+from zerobatch_spec import DTYPE_NAMES, DTYPE_UINT16, DTYPE_UINT32, U32_MAX, build_header
 from zerobatch_spec.dataset import (
     CHECKSUMS_NAME,
     MANIFEST_NAME,
@@ -53,7 +59,13 @@ from zerobatch_spec.dataset import (
 from ..arguments import int_arg
 from ..errors import WriteError
 from ..files.reader import BatchFileReader
-from ..files.writer import write_batch_dataset, write_bytes_atomic
+from ..files.writer import (
+    DtypeArg,
+    retype_batch_file,
+    token_dtype_code,
+    write_batch_dataset,
+    write_bytes_atomic,
+)
 from .dataset import slot_checksums
 from .replace import StagedReplacement, check_replaceable, refuse_aside, remove_stale_staging
 
@@ -95,11 +107,13 @@ def commit_manifest(
     seed: int,
     sources: Sequence[Source],
     overwrite: bool,
+    *,
+    dtype: int = DTYPE_UINT32,
 ) -> Manifest:
     """Write the checksums, then the manifest (last): the dataset exists from that moment.
 
-    ``shards`` and their slot ``checksums`` in dataset order; every source's record range must
-    lie within the shards' input records.
+    ``shards`` and their slot ``checksums`` in dataset order, every shard's tokens of dtype
+    code ``dtype``; every source's record range must lie within the shards' input records.
     """
     total = sum(s.total_records for s in shards)
     for source in sources:
@@ -111,7 +125,15 @@ def commit_manifest(
             )
     data = np.concatenate(checksums).astype("<u8").tobytes() if checksums else b""
     write_bytes_atomic(os.path.join(directory, CHECKSUMS_NAME), data, overwrite=True)
-    manifest = Manifest(batch_size, seq_len, seed, tuple(shards), bytes_xxh3(data), tuple(sources))
+    manifest = Manifest(
+        batch_size,
+        seq_len,
+        seed,
+        tuple(shards),
+        bytes_xxh3(data),
+        tuple(sources),
+        dtype=dtype,
+    )
     write_bytes_atomic(
         os.path.join(directory, MANIFEST_NAME), build_manifest(manifest), overwrite=overwrite
     )
@@ -239,7 +261,8 @@ def create_dataset(
 
     ``names`` are the shard file names in dataset order (default: every ``*.batch`` file in
     the directory, sorted), checked by ``dataset_shard_names`` before anything is written.
-    They must share ``batch_size`` and ``seq_len``. ``seed`` is the dataset's default order
+    They must share ``batch_size``, ``seq_len`` and the token dtype (which the manifest
+    records). ``seed`` is the dataset's default order
     seed (default: the first shard's header seed). Every slot is read once to checksum it.
 
     Replacing a dataset (``overwrite``, a directory with a manifest) never changes the old one
@@ -278,6 +301,7 @@ def _describe(
     shards: list[Shard] = []
     checksums: list[npt.NDArray[np.uint64]] = []
     shape: tuple[int, int] | None = None
+    dtype = DTYPE_UINT32
     for name in names:
         with BatchFileReader(os.path.join(path, name)) as reader:
             if out != path and not os.path.samefile(
@@ -285,7 +309,13 @@ def _describe(
             ):
                 raise WriteError(f"{path}: {name} was replaced while the dataset was written")
             if shape is None:
-                shape = (reader.batch_size, reader.seq_len)
+                shape, dtype = (reader.batch_size, reader.seq_len), reader.dtype
+            elif reader.dtype != dtype:
+                raise WriteError(
+                    f"{path}: {name} holds {DTYPE_NAMES[reader.dtype]} tokens; the first shard, "
+                    f"{names[0]}, holds {DTYPE_NAMES[dtype]}: a dataset's shards share one dtype "
+                    "(rewrite one of them with zerobatch_core.files.writer.retype_batch_file)"
+                )
             elif shape != (reader.batch_size, reader.seq_len):
                 raise WriteError(
                     f"{path}: {name} has batch_size, seq_len = "
@@ -296,7 +326,9 @@ def _describe(
             checksums.append(slot_checksums(reader))
     assert shape is not None
     first_seed = shards[0].seed if seed is None else int_arg("seed", seed, 0)
-    return commit_manifest(out, shards, checksums, *shape, first_seed, sources, overwrite)
+    return commit_manifest(
+        out, shards, checksums, *shape, first_seed, sources, overwrite, dtype=dtype
+    )
 
 
 def _old_dataset_names(path: str) -> frozenset[str]:
@@ -399,6 +431,7 @@ def write_sharded_dataset(
     overwrite: bool = False,
     allow_empty: bool = False,
     inputs: Iterable[PathLike] = (),
+    dtype: DtypeArg = "uint32",
 ) -> Manifest:
     """Write a record stream as a dataset of shards of ``shard_batches`` batches each.
 
@@ -412,8 +445,16 @@ def write_sharded_dataset(
     records (a function is called once the stream is exhausted). A stream that fills no batch
     is refused unless ``allow_empty`` (a stream of no record at all writes a dataset of no
     shard). The directory is checked first (``check_dataset_output``, with ``inputs``). If
-    anything fails before the manifest is written (a source error, an interruption), the
-    shards and checksums file this call wrote are removed.
+    anything fails before the manifest is written (a source error, an interruption, a token
+    the dtype cannot hold), the shards and checksums file this call wrote are removed.
+
+    Every shard stores its tokens as ``dtype`` (``write_batch_file`` takes the same values),
+    recorded in the manifest. With ``"auto"`` each shard is written as the file writer's
+    ``"auto"`` writes it while the shards so far are uint16; the first shard that needs
+    uint32 makes every shard before it be rewritten as uint32 (``retype_batch_file``: a read
+    of the shards written, never of the stream again) and the rest be written as uint32, so
+    the result is always byte for byte the dataset that the chosen dtype, given up front,
+    would have written.
 
     Replacing a dataset (``overwrite``, a directory with a manifest) is atomic: the new
     dataset is written whole into a staging directory beside the old one
@@ -434,6 +475,7 @@ def write_sharded_dataset(
     seq_len = int_arg("seq_len", seq_len, 1, U32_MAX, WriteError)
     shard_batches = int_arg("shard_batches", shard_batches, 1, U32_MAX // batch_size, WriteError)
     seed = int_arg("seed", seed, 0, U32_MAX, WriteError)
+    code = token_dtype_code(dtype, auto=True)
     path = check_dataset_output(directory, overwrite=overwrite, inputs=inputs)
     remove_stale_staging(path)
     os.makedirs(path, exist_ok=True)
@@ -448,6 +490,7 @@ def write_sharded_dataset(
     shards: list[Shard] = []
     checksums: list[npt.NDArray[np.uint64]] = []
     first = 0
+    chosen = DTYPE_UINT16 if code is None else code  # the dtype of every shard so far
     try:
         while not cutter.empty():
             name = SHARD_PATTERN.format(len(shards))
@@ -462,8 +505,12 @@ def write_sharded_dataset(
                 seed=shard_seed(seed, len(shards)),
                 overwrite=True,
                 allow_empty=True,
+                dtype="auto" if code is None and chosen == DTYPE_UINT16 else chosen,
             )
             with BatchFileReader(target) as reader:
+                if reader.dtype != chosen:  # "auto": this shard needs uint32, so do the others
+                    chosen = reader.dtype
+                    _retype_shards(out, shards, checksums, chosen)
                 shards.append(describe_shard(reader, name, (first, first + written.count)))
                 checksums.append(slot_checksums(reader))
             first += written.count
@@ -477,12 +524,12 @@ def write_sharded_dataset(
         listed = sources() if callable(sources) else sources
         if stage is not None:
             manifest = commit_manifest(
-                out, shards, checksums, batch_size, seq_len, seed, listed, False
+                out, shards, checksums, batch_size, seq_len, seed, listed, False, dtype=chosen
             )
             stage.commit()
             return manifest
         manifest = commit_manifest(
-            path, shards, checksums, batch_size, seq_len, seed, listed, overwrite
+            path, shards, checksums, batch_size, seq_len, seed, listed, overwrite, dtype=chosen
         )
     except BaseException:
         if stage is not None:
@@ -500,6 +547,20 @@ def write_sharded_dataset(
             if name not in kept:
                 os.unlink(os.path.join(path, name))
     return manifest
+
+
+def _retype_shards(
+    directory: str, shards: list[Shard], checksums: list[npt.NDArray[np.uint64]], dtype: int
+) -> None:
+    """Rewrite the shards written so far with tokens of dtype code ``dtype``, in place, and
+    their manifest entries and slot checksums with them (``write_sharded_dataset``'s
+    ``"auto"``)."""
+    for i, shard in enumerate(shards):
+        target = os.path.join(directory, shard.name)
+        retype_batch_file(target, target, dtype, overwrite=True)
+        with BatchFileReader(target) as reader:
+            shards[i] = describe_shard(reader, shard.name, shard.records)
+            checksums[i] = slot_checksums(reader)
 
 
 class _Counted(Iterator[npt.NDArray[np.integer]]):

@@ -10,6 +10,10 @@ Every slot has an XXH3-64 checksum in ``checksums.xxh3``. ``verify`` decides whe
 it: ``"off"``, ``"first"`` (the first read of each slot in this process: the default) or
 ``"always"``. A mismatch raises ``DatasetError`` naming the shard and the slot, and the slot is
 never served.
+
+Every shard has the token dtype the manifest records (``dtype``: uint32 unless it says uint16);
+``read_batch`` views have it (``token_dtype``), and a shard whose header has another is refused
+(``shard_header_mismatch``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import xxhash
+from zerobatch_spec import DTYPE_NAMES, token_dtype
 from zerobatch_spec.dataset import (
     CHECKSUM_BYTES,
     CHECKSUMS_NAME,
@@ -180,6 +185,16 @@ class DatasetReader(LocalSlots, Closing):
         return self.manifest.seed
 
     @property
+    def dtype(self) -> int:
+        """Token dtype code of every shard (the manifest's ``dtype``; 0: uint32, 1: uint16)."""
+        return self.manifest.dtype
+
+    @property
+    def token_dtype(self) -> np.dtype[np.unsignedinteger]:
+        """NumPy dtype of the stored tokens: what ``read_batch`` views have."""
+        return token_dtype(self.manifest.dtype)
+
+    @property
     def shards(self) -> tuple[Shard, ...]:
         """The manifest's shards, in dataset order."""
         return self.manifest.shards
@@ -287,6 +302,14 @@ class DatasetReader(LocalSlots, Closing):
         except OSError as e:  # a shard that exists but cannot be opened (permissions, ...)
             raise self._fail(shard, DatasetCode.SHARD_MISSING, f"cannot be read: {e}") from None
         h = reader.header
+        if h.dtype != self.dtype:  # the digest below differs too; this names the field
+            reader.close()
+            raise self._fail(
+                shard,
+                DatasetCode.SHARD_HEADER_MISMATCH,
+                f"header dtype {h.dtype} ({DTYPE_NAMES[h.dtype]}); the manifest says "
+                f"{self.dtype} ({DTYPE_NAMES[self.dtype]})",
+            )
         found = (h.batch_size, h.seq_len, h.num_batches, h.seed, h.total_records)
         want = (self.batch_size, self.seq_len, entry.num_batches, entry.seed, entry.total_records)
         digest = header_xxh3(reader.header_bytes)
@@ -302,7 +325,8 @@ class DatasetReader(LocalSlots, Closing):
 
     # -- reading -----------------------------------------------------------------------------
     def read_batch(self, index: int) -> U32Array:
-        """Dataset slot ``index`` as a read-only uint32 ``[batch_size, seq_len]`` view.
+        """Dataset slot ``index`` as a read-only ``[batch_size, seq_len]`` view of the stored
+        tokens (``token_dtype``).
 
         Checked against its checksum first if ``verify`` says so.
         """
@@ -416,7 +440,7 @@ class DatasetReader(LocalSlots, Closing):
         return (
             f"DatasetReader({self.path!r}, shards={len(self.shards)}, "
             f"num_batches={self.num_batches}, batch_size={self.batch_size}, "
-            f"seq_len={self.seq_len})"
+            f"seq_len={self.seq_len}, dtype={DTYPE_NAMES[self.dtype]})"
         )
 
 

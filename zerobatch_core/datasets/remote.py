@@ -6,7 +6,10 @@ fetches exactly those bytes: one range per row, or one range for whole rows, mer
 together and issued concurrently. The loader also hands it the coming steps
 (``BatchNativeLoader._ahead``), and the source keeps fetching them on a thread pool up to
 ``prefetch_bytes`` ahead of the training loop, so a rank's reads overlap its steps and a rank
-of ``D x C`` fetches its ``1 / (D x C)`` share of every step, nothing else.
+of ``D x C`` fetches its ``1 / (D x C)`` share of every step, nothing else. Byte ranges are
+computed with the source's token size (``token_dtype``: the header's, the manifest's or the
+live descriptor's dtype), so a uint16 source's rank fetches half the bytes of a uint32 one's
+for the same tokens, and its arrays are uint16.
 
 **Opening** reads the manifest only (a dataset: ``manifest.json``) or the header and size (a
 file). A shard is checked against the manifest at its first use, as ``DatasetReader`` does
@@ -55,13 +58,14 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 from zerobatch_spec import (
+    DTYPE_NAMES,
+    DTYPE_UINT32,
     HEADER_SIZE,
-    TOKEN_BYTES,
-    TOKEN_DTYPE,
     Header,
     Violation,
     check_header,
     padded_batch_bytes,
+    token_dtype,
 )
 from zerobatch_spec.dataset import (
     CHECKSUM_BYTES,
@@ -162,6 +166,9 @@ class RemoteSource(Closing):
         self.cache = RangeCache(cache_dir, cache_bytes) if cache_dir else None
         self.manifest: Manifest | None = None
         self.header: Header | None = None
+        self.dtype = DTYPE_UINT32
+        """Token dtype code of every object (the file's header, the manifest's or the live
+        descriptor's ``dtype``), set when the source is opened."""
         self.content_tag = ""
         """What the cache names entries by besides the object's URL: the manifest's digest of
         a dataset, the header's and the size of a file, a live dataset's id. The same URL on
@@ -206,7 +213,7 @@ class RemoteSource(Closing):
             raise FormatError(self.path, checked)
         self.header = checked
         self.content_tag = f"file {header_xxh3(prefix[:HEADER_SIZE])} {size}"
-        self._shape = (checked.batch_size, checked.seq_len, checked.seed)
+        self._set_shape(checked.batch_size, checked.seq_len, checked.seed, checked.dtype)
         self._add(BatchObject(key, 0, checked.num_batches, size))
         self._checked.add(0)
 
@@ -218,7 +225,7 @@ class RemoteSource(Closing):
         self.manifest = parsed
         self.manifest_sha256 = hashlib.sha256(data).hexdigest()
         self.content_tag = f"dataset {self.manifest_sha256}"
-        self._shape = (parsed.batch_size, parsed.seq_len, parsed.seed)
+        self._set_shape(parsed.batch_size, parsed.seq_len, parsed.seed, parsed.dtype)
         first = 0
         for s in parsed.shards:
             entry = BatchObject(
@@ -226,6 +233,16 @@ class RemoteSource(Closing):
             )
             self._add(entry)
             first += s.num_batches
+
+    def _set_shape(self, batch_size: int, seq_len: int, seed: int, dtype: int) -> None:
+        """The shape, seed and token dtype every object of the source has; the byte sizes of a
+        slot and of a token follow from them (a uint16 slot is half a uint32 one, padding
+        aside, so a rank fetches half the bytes for the same tokens)."""
+        self._shape = (batch_size, seq_len, seed)
+        self.dtype = dtype
+        self._token_dtype = token_dtype(dtype)
+        self._token_bytes = self._token_dtype.itemsize
+        self._slot_bytes = padded_batch_bytes(batch_size, seq_len, dtype)
 
     def _add(self, entry: BatchObject) -> None:
         """Append an object whose slots follow the last one's."""
@@ -267,9 +284,14 @@ class RemoteSource(Closing):
         return self.num_batches
 
     @property
+    def token_dtype(self) -> np.dtype[np.unsignedinteger]:
+        """NumPy dtype of the stored tokens: what ``read_region`` arrays have."""
+        return self._token_dtype
+
+    @property
     def slot_bytes(self) -> int:
         """Bytes of one slot, padding included."""
-        return padded_batch_bytes(self.batch_size, self.seq_len)
+        return self._slot_bytes
 
     def order(self, block_size: int, seed: int, shuffle: bool) -> Order:
         """The serving order: a dataset's (``SPEC.md`` section 14) or a file's (section 8)."""
@@ -316,12 +338,13 @@ class RemoteSource(Closing):
         """Nothing to check: objects are checked at their first use and never mapped."""
 
     def read_batch(self, index: int) -> U32Array:
-        """Slot ``index`` as a read-only uint32 ``[batch_size, seq_len]`` array (fetched whole)."""
+        """Slot ``index`` as a read-only ``[batch_size, seq_len]`` array of the stored tokens
+        (``token_dtype``; fetched whole)."""
         return self.read_region(index, 0, self.batch_size, 0, self.seq_len)
 
     def read_region(self, index: int, r0: int, r1: int, lo: int, hi: int) -> U32Array:
-        """Rows ``r0..r1``, columns ``lo..hi`` of slot ``index`` (read-only uint32), from the
-        prefetched fetch of that region if there is one, else fetched now."""
+        """Rows ``r0..r1``, columns ``lo..hi`` of slot ``index`` (read-only, ``token_dtype``),
+        from the prefetched fetch of that region if there is one, else fetched now."""
         if self._closed:
             raise ValueError(f"{self.path}: reader is closed")
         region = (index, r0, r1, lo, hi)
@@ -351,10 +374,11 @@ class RemoteSource(Closing):
         unscheduled: deque[Region] = deque()
         scheduled: list[Region] = []
         waiting = 0
+        size = self._token_bytes
         try:
             for step in steps:
                 wanted = list(regions(step))
-                nbytes = sum((r[2] - r[1]) * (r[4] - r[3]) * TOKEN_BYTES for r in wanted)
+                nbytes = sum((r[2] - r[1]) * (r[4] - r[3]) * size for r in wanted)
                 unscheduled.extend(wanted)
                 while unscheduled and self._available(unscheduled[0][0]):
                     region = unscheduled.popleft()
@@ -411,20 +435,20 @@ class RemoteSource(Closing):
             slot = self._get(entry.key, [(start, start + self.slot_bytes)])[0]
             if check:
                 self._check_slot(index, entry, local, slot)
-            tokens = np.frombuffer(slot, dtype=TOKEN_DTYPE, count=b * t).reshape(b, t)
+            tokens = np.frombuffer(slot, dtype=self._token_dtype, count=b * t).reshape(b, t)
             out: U32Array = tokens[r0:r1, lo:hi]
             return out
-        row = t * TOKEN_BYTES
+        size = self._token_bytes
+        row = t * size
         if lo == 0 and hi == t:
             ranges = [(start + r0 * row, start + r1 * row)]
         else:
             ranges = [
-                (start + r * row + lo * TOKEN_BYTES, start + r * row + hi * TOKEN_BYTES)
-                for r in range(r0, r1)
+                (start + r * row + lo * size, start + r * row + hi * size) for r in range(r0, r1)
             ]
         parts = self._get(entry.key, ranges)
         data = parts[0] if len(parts) == 1 else b"".join(parts)
-        flat = np.frombuffer(data, dtype=TOKEN_DTYPE)
+        flat = np.frombuffer(data, dtype=self._token_dtype)
         return flat.reshape(r1 - r0, hi - lo)
 
     def _slot_rows(self, index: int, entry: BatchObject, local: int) -> U32Array:
@@ -454,7 +478,8 @@ class RemoteSource(Closing):
                         del self._slots[index]
                 future.set_exception(error)
                 raise
-            future.set_result(np.frombuffer(slot, dtype=TOKEN_DTYPE, count=b * t).reshape(b, t))
+            tokens = np.frombuffer(slot, dtype=self._token_dtype, count=b * t).reshape(b, t)
+            future.set_result(tokens)
         return future.result()
 
     def _get(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
@@ -502,6 +527,12 @@ class RemoteSource(Closing):
         checked = check_header(prefix, size)
         if isinstance(checked, Violation):
             raise FormatError(where, checked)
+        if checked.dtype != self.dtype:  # every object has the source's token dtype
+            raise fail(
+                DatasetCode.SHARD_HEADER_MISMATCH,
+                f"header dtype {checked.dtype} ({DTYPE_NAMES[checked.dtype]}); the manifest "
+                f"says {self.dtype} ({DTYPE_NAMES[self.dtype]})",
+            )
         found = (checked.batch_size, checked.seq_len, checked.num_batches)
         found_entry = (checked.seed, checked.total_records, header_xxh3(prefix[:HEADER_SIZE]))
         want = (self.batch_size, self.seq_len, entry.num_batches)
@@ -609,7 +640,8 @@ class RemoteSource(Closing):
         kind = "dataset" if self.is_dataset else "file"
         return (
             f"RemoteSource({self.path!r}, {kind}, num_batches={self.num_batches}, "
-            f"batch_size={self.batch_size}, seq_len={self.seq_len})"
+            f"batch_size={self.batch_size}, seq_len={self.seq_len}, "
+            f"dtype={DTYPE_NAMES[self.dtype]})"
         )
 
 

@@ -92,6 +92,7 @@ class DatasetReport:
                 "num_batches": m.num_batches,
                 "batch_size": m.batch_size,
                 "seq_len": m.seq_len,
+                "dtype": m.dtype,
                 "seed": m.seed,
                 "checksum_algorithm": CHECKSUM_ALGORITHM,
             }

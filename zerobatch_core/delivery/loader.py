@@ -26,11 +26,11 @@ import bisect
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, NamedTuple, TypeGuard
+from typing import Any, Literal, NamedTuple, TypeGuard, cast
 
 import numpy as np
 import numpy.typing as npt
-from zerobatch_spec import TOKEN_BYTES, U32_MAX, U64_MAX
+from zerobatch_spec import TOKEN_DTYPE, U32_MAX, U64_MAX
 
 from ..arguments import int_arg
 from ..datasets.dataset import Verify
@@ -40,11 +40,14 @@ from ..order import Order
 from .buffers import BufferPool, ChunkStage, convert_into
 from .documents import document_layout
 from .slicing import Slicing
-from .sources import BatchSource, Region, open_reader
+from .sources import BatchSource, Region, open_reader, source_token_dtype
 
-OutputDType = Literal["uint32", "int32", "int64"]
-LabelDType = Literal["int64", "uint32"]
-OUTPUT_DTYPES: tuple[OutputDType, ...] = ("uint32", "int32", "int64")
+OutputDType = Literal["native", "uint16", "uint32", "int32", "int64"]
+LabelDType = Literal["int64", "uint32", "uint16", "native"]
+OUTPUT_DTYPES: tuple[OutputDType, ...] = ("native", "uint16", "uint32", "int32", "int64")
+"""What ``dtype`` accepts: ``"native"`` (the stored tokens, uint32 or uint16) or a dtype name."""
+LABEL_DTYPES: tuple[LabelDType, ...] = ("int64", "uint32", "uint16", "native")
+"""What ``label_dtype`` accepts."""
 STATE_FORMAT = "zerobatch.BatchNativeLoader"
 STATE_VERSION = 1
 U32Batch = npt.NDArray[np.uint32]
@@ -53,16 +56,51 @@ DEFAULT_BLOCK_SIZE = 256
 ORDER_KEYS = ("seed", "block_size", "shuffle", "num_batches", "batch_size", "seq_len", "file_seed")
 """State keys that must equal the loader's own for a state to load (``SPEC.md`` section 9)."""
 CHUNK_STEPS = 8
-"""Consecutive steps the int64 stage converts with one copy (``[8, 32, 512]``: 1 MiB of int64,
-which stays in the caches; 64 steps per chunk measured 0.87x and 256 steps 0.66x of 8)."""
+"""Consecutive steps the conversion stage converts with one copy (``[8, 32, 512]``: 1 MiB of
+int64, which stays in the caches; 64 steps per chunk measured 0.87x and 256 steps 0.66x of 8)."""
 CHUNK_DEPTH = 3
-"""Chunks the int64 stage keeps converted ahead of the caller."""
+"""Chunks the conversion stage keeps converted ahead of the caller."""
 CHUNK_SPARE = 4
 """Chunk buffers pooled beyond ``CHUNK_DEPTH``: the one being filled, the caller's current
 chunk, and chunks whose last items a caller or a device stage still holds."""
+CALLER_CHUNK_BYTES = 2 << 20
+"""Bytes of converted tokens per chunk when the caller's thread converts (a widening of uint16
+tokens to a 4-byte dtype): a 2 MiB chunk stays in the core's L2 cache for the caller to read.
+Measured on a 2-core machine (2 MiB of L2 a core), summing every token of ``[32, 512]`` int32
+batches of a cached 102 MB uint16 file, against int32 views of the uint32 file of the same
+tokens: 2 MiB chunks 0.95x, 4 MiB 0.94x, 1 MiB 0.92x (256 KiB 0.6x). Widening on another
+thread measured 0.3-0.75x (a ring of chunk buffers, or each chunk split between two threads:
+the hand-overs of the interpreter lock cost more than the widening), and 0.6x on the stage's
+thread of the int64 path."""
+CALLER_CHUNK_STEPS = 32
+"""Steps per chunk at most when the caller's thread converts (small steps: bounded latency)."""
 
 Source = BatchSource
 Piece = tuple[int, int, int]  # stored batch index, first row, end row
+Part = tuple[np.dtype[Any], int, int]  # a converted field of a chunk: its dtype and columns
+
+
+def resolve_dtype(name: str, token: np.dtype[Any], what: str, path: str) -> str:
+    """The concrete dtype name that ``name`` (``"native"`` or a name) serves from tokens of
+    dtype ``token``. Tokens are widened, never narrowed: ``"uint16"`` from uint32 tokens is a
+    ``ValueError``, since ids above 65,535 would not survive it."""
+    if name == "native":
+        return token.name
+    if np.dtype(name).itemsize < token.itemsize:
+        raise ValueError(
+            f"{path}: {what}={name!r} would narrow the stored {token.name} tokens; use "
+            f"'native', 'uint32', 'int32' or 'int64'"
+        )
+    return name
+
+
+def conversion(name: str, token: np.dtype[Any]) -> np.dtype[Any] | None:
+    """The dtype tokens of dtype ``token`` are copied into to serve dtype ``name``, or
+    ``None`` where they are served as views: the stored tokens themselves, or uint32 tokens
+    read as int32 (the same bits)."""
+    if name == token.name or (name == "int32" and token == TOKEN_DTYPE):
+        return None
+    return np.dtype(name)
 
 
 class Position(NamedTuple):
@@ -134,14 +172,21 @@ class BatchNativeLoader:
     ``path`` is an LLMBATCH file, a dataset directory (``dataset.py``; ``verify`` sets its
     checksum checks), a URL or a live dataset (``sources.open_reader``: ``s3://``, ``gs://``,
     ``az://``, ``http(s)://``, ``file://``; read as byte ranges of this rank's share, see
-    ``remote.py``) or an open reader of any of them. ``dtype`` picks the output: ``"uint32"``
-    (zero-copy view, the default), ``"int32"`` (zero-copy view, exact for ids below 2**31) or
-    ``"int64"`` (a copy per batch, in an array reused only once nothing refers to the previous
-    batch made in it). ``seed`` defaults to the file's (or the dataset's) seed.
-    ``shuffle=False`` serves storage order. With ``next_token=True`` each item is ``(inputs,
-    labels)``: the samples without their last token (in ``dtype``) and without their first
-    (int64, as cross-entropy wants; ``label_dtype="uint32"`` serves them unconverted, views of
-    the file where the step allows, for a caller that widens them elsewhere, e.g. on a device).
+    ``remote.py``) or an open reader of any of them. ``dtype`` picks the output:
+    ``"native"`` (the default: zero-copy views of the stored tokens, uint32, or uint16 for a
+    dtype 1 file or dataset; ``dtype`` then reads as that name), ``"uint32"``, ``"int32"``
+    (exact for ids below 2**31), ``"int64"`` or ``"uint16"`` (uint16 sources only: tokens are
+    widened, never narrowed). Views of the stored tokens cost nothing: the native dtype, and
+    ``"int32"`` of uint32 tokens (the same bits). Every other output is a widened copy (uint16
+    to uint32, int32 or int64; uint32 to int64) in an array reused only once nothing refers to
+    the previous batch made in it. ``token_dtype`` is the source's stored dtype. ``seed``
+    defaults to the file's (or the dataset's) seed. ``shuffle=False`` serves storage order.
+    With ``next_token=True`` each item is ``(inputs, labels)``: the samples without their last
+    token (in ``dtype``) and without their first (int64, as cross-entropy wants;
+    ``label_dtype="native"``, or the stored dtype's name, serves them unconverted, views of the
+    file where the step allows, for a caller that widens them elsewhere, e.g. on a device;
+    ``"uint32"`` from uint16 tokens is a widened copy). ``label_dtype`` is resolved like
+    ``dtype``.
     With ``bos_id`` set (packed rows whose documents
     start with that token), each item is a dict: ``tokens`` (or ``inputs`` and ``labels``)
     plus the document layout of the tokens (or inputs) as ``segment_ids``, ``positions`` and
@@ -166,10 +211,17 @@ class BatchNativeLoader:
     epoch, so the usual ``set_epoch`` loop resumes correctly). Moving the cursor from outside
     (``set_epoch``, ``load_state_dict``) ends a pass in progress.
 
-    Conversions (int64 batches, and the int64 labels of ``next_token``) are made by a
-    background thread a few steps ahead: it converts ``CHUNK_STEPS`` consecutive steps of a
-    block with one copy into a pooled chunk buffer, and items are views of that chunk (inputs
-    and labels both of one ``[rows, T]`` row block). A chunk buffer is reused only once no item
+    Conversions (widened batches, and the int64 labels of ``next_token``) are made in chunks:
+    consecutive steps of a block are converted with one copy into a pooled chunk buffer, and
+    items are views of that chunk (inputs and labels of one dtype both of one ``[rows, T]`` row
+    block; of two dtypes, one chunk buffer each). Where a field widens to int64 (twice the
+    bytes of a uint32 view), a background thread converts ``CHUNK_STEPS`` steps per chunk a few
+    chunks ahead; where every conversion is a widening of uint16 tokens to a 4-byte dtype
+    (int32, uint32: the bytes a uint32 view would have been read anyway), the caller's thread
+    converts chunks of about ``CALLER_CHUNK_BYTES`` when it needs them, which measured faster
+    than any hand-over between threads. Either way a uint16 source serves its int32 or int64
+    batches about as fast as a uint32 source of the same tokens, from half the bytes of page
+    cache, disk or network. A chunk buffer is reused only once no item
     made from it is alive, so batches a caller keeps are never overwritten (keeping one item
     keeps its whole chunk in memory). The cursor still counts only the items handed out; the
     thread stops when the pass ends or the cursor is moved. Steps made of several stored
@@ -201,7 +253,7 @@ class BatchNativeLoader:
         shuffle: bool = True,
         seed: int | None = None,
         epoch: int = 0,
-        dtype: OutputDType = "uint32",
+        dtype: OutputDType = "native",
         next_token: bool = False,
         rank: int = 0,
         world_size: int = 1,
@@ -216,7 +268,11 @@ class BatchNativeLoader:
         label_dtype: LabelDType = "int64",
     ) -> None:
         if dtype not in OUTPUT_DTYPES:
-            raise ValueError(f"dtype must be 'uint32', 'int32' or 'int64', got {dtype!r}")
+            names = ", ".join(map(repr, OUTPUT_DTYPES))
+            raise ValueError(f"dtype must be one of {names}, got {dtype!r}")
+        if label_dtype not in LABEL_DTYPES:
+            names = ", ".join(map(repr, LABEL_DTYPES))
+            raise ValueError(f"label_dtype must be one of {names}, got {label_dtype!r}")
         block_size = int_arg("block_size", block_size, 1)
         seed = None if seed is None else _u64("seed", seed)
         epoch = _u64("epoch", epoch)
@@ -230,11 +286,19 @@ class BatchNativeLoader:
         try:
             if next_token and source.seq_len < 2:
                 raise ValueError(f"{source.path}: next_token needs seq_len >= 2")
-            self.dtype: OutputDType = dtype
+            token = source_token_dtype(source)
+            self.token_dtype: np.dtype[np.unsignedinteger] = token
+            """NumPy dtype of the source's stored tokens (uint32 or uint16)."""
+            resolved = resolve_dtype(dtype, token, "dtype", source.path)
+            self.dtype: OutputDType = cast(OutputDType, resolved)
             self.next_token = bool(next_token)
-            if label_dtype not in ("int64", "uint32"):
-                raise ValueError(f"label_dtype must be 'int64' or 'uint32', got {label_dtype!r}")
-            self.label_dtype: LabelDType = label_dtype
+            label = resolve_dtype(label_dtype, token, "label_dtype", source.path)
+            self.label_dtype: LabelDType = cast(LabelDType, label)
+            if bos_id is not None and bos_id > np.iinfo(token).max:
+                raise ValueError(
+                    f"{source.path}: bos_id {bos_id} cannot occur in {token.name} tokens "
+                    f"(at most {np.iinfo(token).max})"
+                )
             self.bos_id = bos_id
             self.width = source.seq_len - 1 if self.next_token else source.seq_len
             if bos_id is not None and not slicing.whole_rows:
@@ -273,21 +337,44 @@ class BatchNativeLoader:
         self._simple = g == b and len(self.columns) == 1
         extra = 1 if self.next_token else 0  # labels reach one token past each range
         read = sum(hi - lo + extra for lo, hi in self.columns)
-        self.bytes_per_step = self.per_step * read * TOKEN_BYTES
+        self.bytes_per_step = self.per_step * read * self.token_dtype.itemsize
         self.batch_shape = (self.per_step, sum(hi - lo for lo, hi in self.columns))
         shape = self.batch_shape
-        self._inputs_pool = BufferPool(shape, np.int64) if self.dtype == "int64" else None
-        wide_labels = self.next_token and self.label_dtype == "int64"
-        self._labels_pool = BufferPool(shape, np.int64) if wide_labels else None
-        # Simple steps that convert are made by a ChunkStage: the converted columns of a step's
-        # rows, i.e. its region plus the labels' extra token, or the labels alone for views.
-        self._chunked = self._simple and (self.dtype == "int64" or wide_labels)
+        # What each field is copied into (None: served as views of the stored tokens).
+        self._inputs_to = conversion(self.dtype, self.token_dtype)
+        self._labels_to = conversion(self.label_dtype, self.token_dtype) if extra else None
+        self._inputs_pool = None if self._inputs_to is None else BufferPool(shape, self._inputs_to)
+        self._labels_pool = None if self._labels_to is None else BufferPool(shape, self._labels_to)
+        # Simple steps that convert are made in chunks (``_chunks``): the converted columns of a
+        # step's rows: its region plus the labels' extra token when inputs and labels convert
+        # to one dtype, else each converted field's own columns (labels start a token later).
+        converts = self._inputs_to is not None or self._labels_to is not None
+        self._chunked = self._simple and converts
         if self.source.fetches:  # fetches dominate: convert on the caller
             self._chunked = False
         lo, hi = self.columns[0]
-        extra = 1 if wide_labels else 0
-        self._chunk_columns = (lo + (extra if self.dtype != "int64" else 0), hi + extra)
-        self._chunk_pool: tuple[int, BufferPool] | None = None  # (pid, pool)
+        self._shared_chunk = self._inputs_to is not None and self._inputs_to == self._labels_to
+        parts: list[Part] = []
+        if self._shared_chunk:
+            assert self._inputs_to is not None
+            parts.append((self._inputs_to, lo, hi + 1))
+        else:
+            if self._inputs_to is not None:
+                parts.append((self._inputs_to, lo, hi))
+            if self._labels_to is not None:
+                parts.append((self._labels_to, lo + 1, hi + 1))
+        self._chunk_parts = parts
+        # A second core pays off for int64 (twice the bytes of the stored uint32 tokens); a
+        # widening of uint16 tokens to 4 bytes costs less than the hand-over between threads.
+        self._background = any(to.itemsize > TOKEN_DTYPE.itemsize for to, _, _ in parts)
+        if self._background:
+            self._chunk_steps = CHUNK_STEPS
+        else:
+            step_bytes = sum(to.itemsize * (c1 - c0) for to, c0, c1 in parts) * self.per_step
+            self._chunk_steps = max(
+                1, min(CALLER_CHUNK_STEPS, CALLER_CHUNK_BYTES // max(1, step_bytes))
+            )
+        self._chunk_pools: tuple[int, list[BufferPool]] | None = None  # (pid, pools)
         self._stage: ChunkStage[Any] | None = None
 
     # -- order -----------------------------------------------------------------------------
@@ -526,10 +613,13 @@ class BatchNativeLoader:
         n = self.steps_per_epoch
         owned = self._owned(epoch, start)
         step = next(owned)
-        views = self._all_views() if step < n and not self._chunked else None
-        if step < n and self._chunked:
+        views = self._all_views() if step < n and not self._background else None
+        every = self._stride == 1 and not self.skip_steps
+        if views is not None and every and self._inputs_to is not None:
+            yield from self._widened_pass(serial, epoch, step, views)
+        elif step < n and self._chunked:
             yield from self._chunked_pass(serial, epoch, step, owned)
-        elif views is not None and self._stride == 1 and not self.skip_steps:
+        elif views is not None and every:
             # Every step served, one view each: index the whole-file view block by block,
             # with no per-step generator work (the loop's cost is this loop's own).
             per_step = self.bytes_per_step
@@ -560,14 +650,40 @@ class BatchNativeLoader:
             e = _next_epoch(epoch)
             self._epoch, self._step = e, next(self._owned(e, 0))
 
+    def _widened_pass(
+        self, serial: int, epoch: int, step: int, views: npt.NDArray[Any]
+    ) -> Iterator[Item]:
+        """Every step served, each a plain batch of a single file widened on the caller's
+        thread: a run of up to ``_chunk_steps`` batches of a block is widened with one copy into
+        a pooled chunk buffer, and the items are its rows (``views``: the stored batches)."""
+        (pool,) = self._pools()
+        size, per_step = self._chunk_steps, self.bytes_per_step
+        for block in self._blocks(epoch, step):
+            for first in range(block.start, block.stop, size):
+                last = min(first + size, block.stop)
+                chunk = pool.take()[: last - first]
+                np.copyto(chunk, views[first:last], casting="safe")
+                for item in chunk:
+                    if self._serial != serial or self._epoch != epoch:
+                        return
+                    step += 1
+                    self._step = step
+                    self.bytes_read += per_step
+                    yield item
+                    if self._serial != serial:
+                        return
+                del chunk, item  # the buffer is free once the caller lets go of the items too
+
     def _chunked_pass(
         self, serial: int, epoch: int, step: int, owned: Iterator[int]
     ) -> Iterator[Item]:
-        """The items of a pass whose conversions a ``ChunkStage`` makes ahead, in chunks."""
-        stage = ChunkStage(self._chunks(epoch, step, owned), CHUNK_DEPTH)
+        """The items of a pass whose conversions are made in chunks: ahead of the caller by a
+        ``ChunkStage`` (a field widened to int64), else on the caller's thread as needed."""
+        chunks = self._chunks(epoch, step, owned)
+        stage = ChunkStage(chunks, CHUNK_DEPTH) if self._background else None
         self._stage = stage
         try:
-            for chunk in stage:
+            for chunk in chunks if stage is None else stage:
                 for item, step_after in chunk:
                     if self._serial != serial or self._epoch != epoch:
                         return
@@ -578,20 +694,22 @@ class BatchNativeLoader:
                         return
                 del chunk, item  # the chunk's buffer is free once the caller lets go too
         finally:
-            stage.close()
-            if self._stage is stage:
-                self._stage = None
+            if stage is not None:
+                stage.close()
+                if self._stage is stage:
+                    self._stage = None
 
     def _chunks(
         self, epoch: int, step: int, owned: Iterator[int]
     ) -> Iterator[list[tuple[Item, int]]]:
-        """Runs on the stage's thread: lists of ``(item, step after it)`` for runs of at most
-        ``CHUNK_STEPS`` steps whose stored batches are evenly spaced (consecutive in a block,
-        or a worker's share of it), each run converted with one copy."""
+        """Lists of ``(item, step after it)`` (made on the stage's thread, or the caller's) for
+        runs of at most ``_chunk_steps`` steps whose stored batches are evenly spaced
+        (consecutive in a block, or a worker's share of it), each run converted with one copy."""
+        size = self._chunk_steps
         if self._stride == 1 and not self.skip_steps:  # every step served: cut blocks in runs
             for block in self._blocks(epoch, step):
-                for first in range(block.start, block.stop, CHUNK_STEPS):
-                    k = min(CHUNK_STEPS, block.stop - first)
+                for first in range(block.start, block.stop, size):
+                    k = min(size, block.stop - first)
                     yield self._make_chunk([(first + j, step + j + 1) for j in range(k)])
                     step += k
             return
@@ -602,65 +720,73 @@ class BatchNativeLoader:
                 yield self._make_chunk(run)
                 run = []
             run.append((index, step_after))
-            if len(run) == CHUNK_STEPS:
+            if len(run) == size:
                 yield self._make_chunk(run)
                 run = []
         if run:
             yield self._make_chunk(run)
 
     def _make_chunk(self, run: list[tuple[int, int]]) -> list[tuple[Item, int]]:
-        """Convert one run of steps into a pooled chunk buffer; the run's items as views."""
+        """Convert one run of steps into pooled chunk buffers; the run's items as views."""
         source, rows = self.source, self.rows
         lo, hi = self.columns[0]
         end = hi + (1 if self.next_token else 0)
-        c0, c1 = self._chunk_columns
         first, k = run[0][0], len(run)
         gap = run[1][0] - first if k > 1 else 1
         regions: list[U32Batch] | None = None
-        # The chunk buffer is taken once its slots have been read (a dataset's shards opened
-        # and checked): its size comes from the manifest's shape until then.
+        parts, pools = self._chunk_parts, self._pools()
+        # The chunk buffers are taken once their slots have been read (a dataset's shards
+        # opened and checked): their size comes from the manifest's shape until then.
         view = source.view_batches(first, first + gap * (k - 1) + 1)
-        if view is not None:  # one strided view of the mapping, one copy
+        if view is not None:  # one strided view of the mapping, one copy per converted field
             block = view[::gap, rows]
-            chunk = self._pool().take()[:k]
-            np.copyto(chunk, block[:, :, c0:c1], casting="safe")
-            narrow = self.next_token and self._labels_pool is None
-            if self.dtype != "int64" or self.bos_id is not None or narrow:
+            chunks = []
+            for (_, c0, c1), pool in zip(parts, pools, strict=True):
+                chunk = pool.take()[:k]
+                np.copyto(chunk, block[:, :, c0:c1], casting="safe")
+                chunks.append(chunk)
+            viewed = self._inputs_to is None or (self.next_token and self._labels_to is None)
+            if viewed or self.bos_id is not None:
                 regions = list(block[:, :, lo:end])
-        else:  # a dataset checks each slot as it reads it: one copy per step
+        else:  # a dataset checks each slot as it reads it: one copy per step and field
             regions = [source.read_batch(i)[rows, lo:end] for i, _ in run]
-            chunk = self._pool().take()[:k]
+            chunks = [pool.take()[:k] for pool in pools]
             for j, region in enumerate(regions):
-                np.copyto(chunk[j], region[:, c0 - lo : c1 - lo], casting="safe")
+                for (_, c0, c1), chunk in zip(parts, chunks, strict=True):
+                    np.copyto(chunk[j], region[:, c0 - lo : c1 - lo], casting="safe")
         after = [step_after for _, step_after in run]
-        if regions is None:  # int64 tokens, or int64 pairs: views made by NumPy in one go
-            pairs = self._labels_pool is not None
-            items = zip(chunk[:, :, :-1], chunk[:, :, 1:], strict=True) if pairs else chunk
+        if regions is None:  # every field converted: views made by NumPy in one go
+            items: Iterable[Any]
+            if self._shared_chunk:
+                items = zip(chunks[0][:, :, :-1], chunks[0][:, :, 1:], strict=True)
+            elif len(chunks) == 2:
+                items = zip(chunks[0], chunks[1], strict=True)
+            else:
+                items = chunks[0]
             return list(zip(items, after, strict=True))
         return [
-            (self._chunk_item(regions[j], chunk[j]), step_after)
+            (self._chunk_item(regions[j], [chunk[j] for chunk in chunks]), step_after)
             for j, step_after in enumerate(after)
         ]
 
-    def _chunk_item(self, region: U32Batch | None, converted: npt.NDArray[np.int64]) -> Item:
-        """One step's item from its converted columns (and its source region, when views of it
-        or its document layout are part of the item)."""
+    def _chunk_item(self, region: U32Batch, converted: list[npt.NDArray[Any]]) -> Item:
+        """One step's item from its converted fields (``_chunk_parts``, in order) and its
+        source region (for fields served as views, and for the document layout)."""
+        inputs: npt.NDArray[Any]
         labels: npt.NDArray[Any] | None = None
-        if self.dtype == "int64":
-            wide = self._labels_pool is not None  # labels share the chunk: one more column
-            inputs: npt.NDArray[Any] = converted[:, :-1] if wide else converted
+        fields = iter(converted)
+        if self._shared_chunk:  # inputs and labels of one dtype share the chunk's columns
+            both = next(fields)
+            inputs, labels = both[:, :-1], both[:, 1:]
         else:
-            assert region is not None
-            inputs = self._convert(region[:, :-1] if self.next_token else region)
-        if self.next_token:
-            if self._labels_pool is not None:
-                labels = converted[:, 1:] if self.dtype == "int64" else converted
+            if self._inputs_to is not None:
+                inputs = next(fields)
             else:
-                assert region is not None
-                labels = region[:, 1:]
+                inputs = self._convert(region[:, :-1] if self.next_token else region)
+            if self.next_token:
+                labels = next(fields) if self._labels_to is not None else region[:, 1:]
         if self.bos_id is None:
             return inputs if labels is None else (inputs, labels)
-        assert region is not None
         layout = document_layout(region[:, :-1] if self.next_token else region, self.bos_id)
         item = {"tokens": inputs} if labels is None else {"inputs": inputs, "labels": labels}
         item["segment_ids"] = layout.segment_ids
@@ -668,20 +794,24 @@ class BatchNativeLoader:
         item["cu_seqlens"] = layout.cu_seqlens
         return item
 
-    def _pool(self) -> BufferPool:
-        """This process's chunk buffers (a forked worker makes its own)."""
+    def _pools(self) -> list[BufferPool]:
+        """This process's chunk buffers, one pool per converted field (a forked worker makes
+        its own)."""
         pid = os.getpid()
-        if self._chunk_pool is None or self._chunk_pool[0] != pid:
-            c0, c1 = self._chunk_columns
-            shape = (CHUNK_STEPS, self.per_step, c1 - c0)
-            pool = BufferPool(shape, np.int64, CHUNK_DEPTH + CHUNK_SPARE)
-            self._chunk_pool = (pid, pool)
-        return self._chunk_pool[1]
+        if self._chunk_pools is None or self._chunk_pools[0] != pid:
+            pools = [
+                BufferPool(
+                    (self._chunk_steps, self.per_step, c1 - c0), to, CHUNK_DEPTH + CHUNK_SPARE
+                )
+                for to, c0, c1 in self._chunk_parts
+            ]
+            self._chunk_pools = (pid, pools)
+        return self._chunk_pools[1]
 
     def __getstate__(self) -> dict[str, Any]:
         """Copies sent to other processes leave this process's chunk stage and buffers here."""
         state = self.__dict__.copy()
-        state["_stage"] = state["_chunk_pool"] = None
+        state["_stage"] = state["_chunk_pools"] = None
         return state
 
     def _pieces(
@@ -736,16 +866,17 @@ class BatchNativeLoader:
 
     def _all_views(self) -> npt.NDArray[Any] | None:
         """Every batch's rows as one ``[num_batches, rows, seq_len]`` view, when items are plain
-        views of a single file's batches."""
+        batches of a single file: the items themselves, or what ``_widened_pass`` widens."""
         if not self._simple or self.bos_id is not None or self.next_token or self.source.fetches:
             return None
-        if self.dtype == "int64" or self.columns != [(0, self.source.seq_len)]:
+        if self.columns != [(0, self.source.seq_len)]:
             return None
         every = self.source.view_batches(0, self.source.num_batches)
         if every is None:
             return None
         every = every[:, self.rows]
-        return every.view(np.int32) if self.dtype == "int32" else every
+        viewed = self.dtype == "int32" and self._inputs_to is None  # uint32 bits as int32
+        return every.view(np.int32) if viewed else every
 
     def _regions(self, pieces: list[Piece]) -> list[U32Batch]:
         """This rank's samples of one step, one array per column range (labels' token too)."""
@@ -801,10 +932,10 @@ class BatchNativeLoader:
         return self._convert(inputs), self._convert_labels(labels)
 
     def _convert_labels(self, labels: U32Batch) -> npt.NDArray[Any]:
-        """Labels in ``label_dtype``: a pooled int64 copy, or the uint32 tokens as they are."""
-        if self.label_dtype == "uint32":
+        """Labels in ``label_dtype``: a pooled widened copy, or the stored tokens as they are."""
+        if self._labels_to is None:
             return labels
-        return convert_into(self._labels_pool, labels, np.int64)
+        return convert_into(self._labels_pool, labels, self._labels_to)
 
     def item(self, index: int) -> Item:
         """The item this loader serves from stored batch ``index`` (one-batch steps only)."""
@@ -813,12 +944,11 @@ class BatchNativeLoader:
         return self._item([(index, self.rows.start, self.rows.stop)])
 
     def _convert(self, batch: U32Batch) -> npt.NDArray[Any]:
-        """uint32 tokens in the output dtype: views for uint32/int32, a pooled copy for int64."""
-        if self.dtype == "uint32":
-            return batch
-        if self.dtype == "int32":
-            return batch.view(np.int32)
-        return convert_into(self._inputs_pool, batch, np.int64)
+        """Stored tokens in the output dtype: views for the stored dtype (and int32 of uint32
+        tokens, the same bits), else a pooled widened copy."""
+        if self._inputs_to is None:
+            return batch.view(np.int32) if self.dtype == "int32" else batch
+        return convert_into(self._inputs_pool, batch, self._inputs_to)
 
     def served(self, position: Position) -> int:
         """How many steps a single copy serves from ``position`` to the end of its epoch."""

@@ -17,6 +17,15 @@ loader, the last samples of each epoch that do not fill a global batch are not s
 mixture's epoch is ``steps`` global steps (by default practically endless: train by steps),
 and its next epoch continues the blend.
 
+**Token dtypes.** Components may store different token dtypes. A mixture's stored tokens
+(``MixtureSource.token_dtype``, what the loader's ``"native"`` serves) are the widest of its
+components': uint16 when every component stores uint16, else uint32, and then the steps of a
+uint16 component are widened to uint32 (a copy of the rank's rows; a uint32 component's steps
+stay views). Learning that opens every component, so a loader whose outputs are wider than
+uint16 anyway (int32, int64, uint32: every output but ``"native"`` and ``"uint16"``) does not
+ask: it has the mixture serve uint32 (``serve_as``) and components still open at their first
+use. Either way every step's batch has the loader's one output dtype.
+
 **Resuming** (``MixtureLoader``). A state holds the step, the history the schedule was
 resumed into, and every component's name, source identity and position. Loaded into the same
 mixture it continues exactly. Loaded into a mixture whose weights, schedule, components or
@@ -38,14 +47,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from zerobatch_spec import U64_MAX
+from zerobatch_spec import TOKEN_DTYPES, U64_MAX
 from zerobatch_spec.mixture import MixtureSpecError, Phase, phase_at, weight_units
 
 from ..arguments import int_arg
 from ..errors import ZeroBatchError
 from ..order import BlockOrder, Order, Span
 from .mixing import MixtureSchedule
-from .sources import BatchSource, Region, open_reader
+from .sources import BatchSource, Region, open_reader, source_token_dtype
 
 MIXTURE_FORMAT = "zerobatch.mixture"
 MIXTURE_VERSION = 1
@@ -354,6 +363,7 @@ class MixtureSource:
         self.component_seed = seed
         self._verify, self._remote = verify, remote
         self._opened: dict[int, _Opened] = {}
+        self._token_dtype: np.dtype[np.unsignedinteger] | None = None
         self._order_args = (1, True)
         self._closed = False
         self._lock = threading.Lock()
@@ -490,6 +500,40 @@ class MixtureSource:
         return self.steps
 
     @property
+    def token_dtype(self) -> np.dtype[np.unsignedinteger]:
+        """The dtype of the tokens this source serves: the one ``serve_as`` set, else the
+        widest of the components' (opening every component): uint16 when all store uint16,
+        else uint32. Steps of narrower components are widened to it."""
+        if self._token_dtype is None:
+            with self._lock:
+                if self._closed:
+                    raise ValueError(f"{self.path}: reader is closed")
+                found = [
+                    source_token_dtype(self._reader(i)) for i in range(len(self.mixture.components))
+                ]
+            self._token_dtype = max(found, key=lambda d: d.itemsize)
+        return self._token_dtype
+
+    @property
+    def known_token_dtype(self) -> np.dtype[np.unsignedinteger] | None:
+        """``token_dtype`` if it is known already (set, or learned), else ``None``: asking
+        this opens no component."""
+        return self._token_dtype
+
+    def serve_as(self, dtype: np.dtype[np.unsignedinteger]) -> None:
+        """Serve tokens of ``dtype`` (uint32), widening narrower components' steps, without
+        opening the components to learn their dtypes; nothing changes once ``token_dtype`` is
+        known (a loader over this source has read it)."""
+        if self._token_dtype is None:
+            self._token_dtype = dtype
+            self._forget()
+
+    def _widen(self, tokens: U32Array) -> U32Array:
+        """A component's tokens in the mixture's ``token_dtype``: as they are, or widened."""
+        wide = self.token_dtype
+        return tokens if tokens.dtype == wide else tokens.astype(wide)
+
+    @property
     def seed(self) -> int:
         """The seed of the first component served (a loader's default seed: unused, since
         components keep their own unless the loader is given one)."""
@@ -563,6 +607,8 @@ class MixtureSource:
                     continue  # opened at its first step; planned from the next block on
                 opened = self._component(i)
                 reader, b, samples = opened.reader, opened.reader.batch_size, opened.samples
+                # A component narrower than the mixture is read and widened, never viewed.
+                narrow = None if source_token_dtype(reader) == self.token_dtype else reader
                 epoch, offset = opened.advance(h.positions[i], counts[i], g)
                 with opened.lock:
                     for j in (np.flatnonzero(served == i) + first - number * PLAN_STEPS).tolist():
@@ -573,7 +619,7 @@ class MixtureSource:
                             readers[j] = reader
                             indices[j] = opened.cursor.index(epoch, position)
                             rows[j] = row
-                            if not reader.fetches:
+                            if not reader.fetches and narrow is None:
                                 views[j] = _view(reader, indices[j])
                         offset += g
             block = _Block(readers, indices, rows, views)
@@ -606,11 +652,11 @@ class MixtureSource:
         reader = block.readers[j]
         if reader is not None:
             row = block.rows[j]
-            return reader.read_region(block.indices[j], row + r0, row + r1, lo, hi)
+            return self._widen(reader.read_region(block.indices[j], row + r0, row + r1, lo, hi))
         parts = [
             o.reader.read_region(k, a, b, lo, hi) for o, k, a, b in self._pieces(index, r0, r1)
         ]
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return self._widen(parts[0] if len(parts) == 1 else np.concatenate(parts))
 
     def read_batch(self, index: int) -> U32Array:
         return self.read_region(index, 0, self.global_batch_size, 0, self._seq_len)
@@ -621,9 +667,11 @@ class MixtureSource:
 
     def slot_file(self, index: int) -> Any:
         """The component's file and slot when global step ``index`` is one whole stored batch
-        of a component read from local files, else ``None``."""
+        of a component read from local files in the mixture's token dtype, else ``None``."""
         reader, k, row = self._planned(index)
         if reader is None or row != 0 or reader.batch_size != self.global_batch_size:
+            return None
+        if source_token_dtype(reader) != self.token_dtype:  # served widened, not as stored
             return None
         return reader.slot_file(k)
 
@@ -678,7 +726,8 @@ class MixtureSource:
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Another process (a DataLoader worker) reopens the components it serves itself."""
-        state = (self.history.step, self.history.positions, self._order_args)
+        served = None if self._token_dtype is None else self._token_dtype.str
+        state = (self.history.step, self.history.positions, self._order_args, served)
         args = (self.mixture, self.global_batch_size, self.component_seed, self._verify)
         return _reopen, (*args, self._remote, state)
 
@@ -698,12 +747,14 @@ def _reopen(
     seed: int | None,
     verify: Any,
     remote: dict[str, Any],
-    state: tuple[int, list[Cursor], tuple[int, bool]],
+    state: tuple[int, list[Cursor], tuple[int, bool], str | None],
 ) -> MixtureSource:
     source = MixtureSource(
         mixture, global_batch_size=global_batch_size, seed=seed, verify=verify, **remote
     )
-    step, positions, (block_size, shuffle) = state
+    step, positions, (block_size, shuffle), served = state
+    if served is not None:  # the parent's loader was built for tokens of this dtype
+        source.serve_as(next(d for d in TOKEN_DTYPES.values() if d.str == served))
     source.order(block_size, 0, shuffle)
     if step or any(positions):
         source.rephase(step, positions)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any, TypeGuard
 
+from zerobatch_spec import TOKEN_DTYPE
+
 from ..datasets.dataset import Verify
 from ..datasets.remote import RemoteVerify
 from ..errors import StateError
@@ -53,7 +55,9 @@ class MixtureLoader(BatchNativeLoader):
     ``global_batch_size`` sets the mixture's global batch
     (by default the mixture's, else its components' stored batch size); ``block_size`` and
     ``shuffle`` are every component's, and so is ``seed`` when given (each component keeps its
-    own seed otherwise).
+    own seed otherwise). ``dtype="native"`` (the default) and ``"uint16"`` open every component
+    to learn the widest token dtype (``MixtureSource.token_dtype``); any other output serves
+    the components' tokens as uint32 and opens each at its first use.
     """
 
     source: MixtureSource
@@ -75,6 +79,10 @@ class MixtureLoader(BatchNativeLoader):
                 f"{source.path}: the mixture's source serves global batches of "
                 f"{source.global_batch_size}, not {global_batch_size}"
             )
+        narrow = ("native", "uint16")
+        dtypes = (options.get("dtype", "native"), options.get("label_dtype", "int64"))
+        if not any(d in narrow for d in dtypes):
+            source.serve_as(TOKEN_DTYPE)  # wider outputs: no component is opened to learn it
         try:
             super().__init__(source, seed=seed, **options)
         except BaseException:

@@ -187,6 +187,8 @@ class StepTrace:
     next_token: bool
     columns: tuple[tuple[int, int], ...]
     pieces: tuple[TracePiece, ...]
+    dtype: str = "uint32"
+    """The stored tokens' dtype (``uint32``, or ``uint16`` for a dtype 1 file or dataset)."""
     component: MixtureStep | None = None
     """For a mixture: the component serving the step, and the step of its own that it is
     (``path`` to ``pieces`` then describe that component's step)."""
@@ -217,6 +219,7 @@ class StepTrace:
             "zigzag": self.zigzag,
             "next_token": self.next_token,
             "columns": [list(c) for c in self.columns],
+            "dtype": self.dtype,
             "pieces": [p.as_dict() for p in self.pieces],
             "mixture": None if self.component is None else self.component.as_dict(),
         }
@@ -233,7 +236,7 @@ class StepTrace:
         out += [
             f"{self.path}: epoch {self.epoch}, step {self.step} of {self.steps_per_epoch} "
             f"(global step {self.epoch * self.steps_per_epoch + self.step}), "
-            f"global batch {self.global_batch_size}",
+            f"global batch {self.global_batch_size} of {self.dtype} tokens",
             f"  order: {order}",
             f"  rank {self.rank} of {self.world_size}, context rank {self.context_rank} of "
             f"{self.context_size}{' (zig-zag)' if self.zigzag else ''}: token columns {cols}"
@@ -545,6 +548,7 @@ def trace_step(
             next_token=loader.next_token,
             columns=tuple(loader.columns),
             pieces=tuple(pieces),
+            dtype=loader.token_dtype.name,
         )
     finally:
         if opened:
@@ -559,6 +563,7 @@ def _trace_mixture(
     try:
         loader = MixtureLoader(
             mixture,
+            dtype="uint32",  # no token is read: components open only as the trace needs them
             epoch=epoch,
             block_size=kw["block_size"],
             seed=kw["seed"],

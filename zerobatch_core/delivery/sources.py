@@ -9,6 +9,11 @@ view, where one mapping holds them). ``BatchFileReader``, ``DatasetReader`` and
 ``RemoteSource`` (with ``LiveSource``) implement it; so does any object with these members,
 which the loader then serves like the others.
 
+Slots hold the stored tokens as they are: uint32, or uint16 for a dtype 1 file or dataset.
+Every ZeroBatch source says which with ``token_dtype`` (a NumPy dtype); a source without that
+member, such as one written before uint16 files existed, holds uint32 tokens
+(``source_token_dtype`` reads it either way, so the protocol does not require it).
+
 A path opens as before (``dataset.open_source``: a dataset directory or a file). A URL
 (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``) opens a ``RemoteSource``
 (``remote.py``), and a live dataset, at a URL or a path, a ``LiveSource``
@@ -23,6 +28,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+from zerobatch_spec import TOKEN_DTYPE, TOKEN_DTYPES
 from zerobatch_spec.live import DESCRIPTOR_NAME
 
 from ..datasets.dataset import DatasetReader, Verify, open_source
@@ -39,8 +45,12 @@ Region = tuple[int, int, int, int, int]
 
 @runtime_checkable
 class BatchSource(Protocol):
-    """What a loader serves from: a sequence of ``num_batches`` uint32 ``[batch_size,
-    seq_len]`` slots with a seeded serving order (see the module docstring)."""
+    """What a loader serves from: a sequence of ``num_batches`` ``[batch_size, seq_len]`` slots
+    of stored tokens with a seeded serving order (see the module docstring).
+
+    Optionally also ``token_dtype``, the NumPy dtype of the stored tokens (uint32 when absent:
+    ``source_token_dtype``); it is not a member here so that sources without it still match.
+    """
 
     path: str
     fetches: bool
@@ -73,7 +83,7 @@ class BatchSource(Protocol):
         ...
 
     def read_batch(self, index: int) -> npt.NDArray[np.uint32]:
-        """Slot ``index``, ``[batch_size, seq_len]`` (read-only)."""
+        """Slot ``index``, ``[batch_size, seq_len]`` of stored tokens (read-only)."""
         ...
 
     def read_region(self, index: int, r0: int, r1: int, lo: int, hi: int) -> npt.NDArray[np.uint32]:
@@ -104,6 +114,20 @@ class BatchSource(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def source_token_dtype(source: object) -> np.dtype[np.unsignedinteger]:
+    """The NumPy dtype of ``source``'s stored tokens: its ``token_dtype``, or uint32 for a
+    source that does not say. ``ValueError`` for a dtype that no token dtype code has."""
+    found = np.dtype(getattr(source, "token_dtype", TOKEN_DTYPE))
+    for known in TOKEN_DTYPES.values():
+        if found == known:
+            return known
+    names = ", ".join(str(d) for d in TOKEN_DTYPES.values())
+    raise ValueError(
+        f"{getattr(source, 'path', source)!r:.200}: token_dtype {found} is not a token dtype "
+        f"(one of {names})"
+    )
 
 
 def is_live(path: str | os.PathLike[str]) -> bool:

@@ -23,7 +23,8 @@ from the first undelivered item.
 Subclasses override hooks, never the surface: ``_converter`` (one function per item field),
 ``_pair`` (the next-token pair type), ``_stage`` (whether and where to prepare items ahead),
 ``_transfer`` (a step run in that stage, e.g. a host-to-device copy), ``_host_dtypes`` (what
-the core loader serves, when the adapter widens elsewhere), ``_produce`` (an
+the core loader serves, given the source's stored token dtype, when the adapter widens
+elsewhere: a device can take uint16 tokens as they are), ``_produce`` (an
 external producer of converted items), ``_detected_rank_world``, ``_detected_context`` and
 ``_worker`` (what the framework knows about data- and context-parallel ranks and worker
 processes), and ``_slicing`` (how the adapter's coordinates map to the core loader's slice).
@@ -39,7 +40,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, Generic, Literal, NamedTuple, TypedDict, TypeVar
 
+import numpy as np
 import numpy.typing as npt
+from zerobatch_spec import TOKEN_DTYPE
 
 from ..arguments import int_arg
 from ..closing import Closing
@@ -57,10 +60,10 @@ from .loader import (
     OutputDType,
     Position,
 )
-from .mixture import Mixture
+from .mixture import Mixture, MixtureSource
 from .mixture_loader import MixtureLoader, is_mixture, open_mixture
 from .slicing import Slicing
-from .sources import BatchSource, open_reader
+from .sources import BatchSource, open_reader, source_token_dtype
 
 T = TypeVar("T")
 Array = npt.NDArray[Any]
@@ -120,8 +123,12 @@ class StreamOptions(TypedDict, total=False):
 class BatchStream(Closing, Generic[T]):
     """A resumable stream of a file's or a dataset's batches, converted for a framework.
 
-    Used directly it is the NumPy adapter: items are the core loader's arrays (views for
-    ``uint32``/``int32``, pooled copies for ``int64``). Framework adapters subclass it.
+    Used directly it is the NumPy adapter: items are the core loader's arrays (views of the
+    stored tokens for ``native``, their own dtype's name, and ``int32`` of uint32 tokens;
+    pooled widened copies otherwise, e.g. ``int32`` of uint16 tokens or ``int64``). The default
+    ``int32`` serves the same values from a uint16 file as from a uint32 file of the same
+    tokens, so training code does not depend on how the tokens are stored. Framework adapters
+    subclass it.
 
     ``source`` is an LLMBATCH file, a dataset directory, a URL (``s3://``, ``gs://``,
     ``az://``, ``http(s)://``, ``file://``) of either, a live dataset, or an open reader of any
@@ -184,7 +191,7 @@ class BatchStream(Closing, Generic[T]):
         self._owns_reader = owned
         try:
             layout = Layout(rank, world_size, context_rank, context_size, bool(zigzag))
-            host_dtype, label_dtype = self._host_dtypes(dtype)
+            host_dtype, label_dtype = self._host_dtypes(dtype, _stored_dtype(reader))
             self.loader = BatchNativeLoader(
                 reader,
                 block_size=block_size,
@@ -203,7 +210,8 @@ class BatchStream(Closing, Generic[T]):
             if self._owns_reader:
                 reader.close()
             raise
-        self.dtype: OutputDType = dtype
+        # "native" reads as what it resolved to (the stored tokens' dtype name).
+        self.dtype: OutputDType = self.loader.dtype if dtype == "native" else dtype
         self._pass: _Pass[T] | None = None
         self._served: Position | None = None  # the step of the last item delivered
 
@@ -262,9 +270,12 @@ class BatchStream(Closing, Generic[T]):
         )
         return Slicing(r, w, c, size, 1, layout.zigzag)
 
-    def _host_dtypes(self, dtype: OutputDType) -> tuple[OutputDType, LabelDType]:
-        """What the core loader serves for an adapter of ``dtype``: that dtype and int64
-        labels, unless the adapter widens them itself (on a device: see the PyTorch adapter)."""
+    def _host_dtypes(
+        self, dtype: OutputDType, token_dtype: np.dtype[Any] = TOKEN_DTYPE
+    ) -> tuple[OutputDType, LabelDType]:
+        """What the core loader serves for an adapter of ``dtype`` from a source whose stored
+        tokens are ``token_dtype``: that dtype and int64 labels, unless the adapter widens them
+        itself (on a device: see the PyTorch adapter)."""
         return dtype, "int64"
 
     def _worker(self) -> tuple[int, int] | None:
@@ -435,6 +446,16 @@ S = TypeVar("S", bound=BatchStream[Any])
 
 def _identity(array: Array) -> Array:
     return array
+
+
+def _stored_dtype(reader: BatchSource) -> np.dtype[Any]:
+    """The stored token dtype ``_host_dtypes`` is told: the source's, or for a mixture whose
+    dtype is not known yet, uint32 (what it serves to any output but ``"native"``), so that no
+    component is opened to learn it."""
+    if isinstance(reader, MixtureSource):
+        known = reader.known_token_dtype
+        return TOKEN_DTYPE if known is None else known
+    return source_token_dtype(reader)
 
 
 class _Pass(Generic[T]):

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 from zerobatch_spec import (
+    DTYPE_NAMES,
     HEADER_SIZE,
     TOKEN_DTYPE,
     ErrorCode,
@@ -117,7 +118,7 @@ class BatchFileReader(LocalSlots, Closing):
     process silently.
 
     >>> with BatchFileReader("train.batch") as r:  # doctest: +SKIP
-    ...     first = r.read_batch(0)  # uint32 [batch_size, seq_len], no copy
+    ...     first = r.read_batch(0)  # [batch_size, seq_len] uint32 (uint16: dtype 1), no copy
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -156,7 +157,9 @@ class BatchFileReader(LocalSlots, Closing):
         _enable_fault_handler()
         self._fd = fd
         self._tokens, self._padding, self._empty_unrepresentable = _views(self._mmap, self.header)
-        self._tokens_i32: I32Array = self._tokens.view(_SIGNED_TOKEN_DTYPE)
+        # uint32 tokens read as int32 are a bit-cast view; narrower tokens are widened per read.
+        wide = self._tokens.dtype == TOKEN_DTYPE
+        self._tokens_i32: I32Array | None = self._tokens.view(_SIGNED_TOKEN_DTYPE) if wide else None
         # The descriptor stays open for read-ahead hints, so they always reach this inode; it
         # is closed by ``close`` or, for a reader that is just dropped, by the finalizer.
         self._readahead = Readahead(fd, np.frombuffer(self._mmap, dtype=np.uint8))
@@ -188,8 +191,13 @@ class BatchFileReader(LocalSlots, Closing):
 
     @property
     def dtype(self) -> int:
-        """Token dtype code (0: uint32)."""
+        """Token dtype code (0: uint32, 1: uint16)."""
         return self.header.dtype
+
+    @property
+    def token_dtype(self) -> np.dtype[np.unsignedinteger]:
+        """NumPy dtype of the stored tokens: what ``read_batch`` views have."""
+        return self.header.token_dtype
 
     @property
     def seed(self) -> int:
@@ -230,7 +238,8 @@ class BatchFileReader(LocalSlots, Closing):
         return i
 
     def read_batch(self, index: int) -> U32Array:
-        """Batch ``index`` as a read-only uint32 ``[batch_size, seq_len]`` view (no copy)."""
+        """Batch ``index`` as a read-only ``[batch_size, seq_len]`` view of the stored tokens
+        (uint32, or uint16 for a dtype 1 file; no copy)."""
         i = self._index(index)  # first: raises if closed, before the views are touched
         batch: U32Array = self._tokens[i]
         return batch
@@ -238,12 +247,16 @@ class BatchFileReader(LocalSlots, Closing):
     __getitem__ = read_batch
 
     def read_batch_int32(self, index: int) -> I32Array:
-        """Batch ``index`` as a read-only int32 view (no copy).
+        """Batch ``index`` as int32: a read-only view of uint32 tokens (no copy), or a new
+        array widened from uint16 tokens (exact).
 
-        Exact only for token ids below 2**31; larger ids read as negative numbers. Use
-        ``read_batch_int64`` when the vocabulary may exceed that.
+        For uint32 tokens it is exact only for ids below 2**31; larger ids read as negative
+        numbers. Use ``read_batch_int64`` when the vocabulary may exceed that.
         """
         i = self._index(index)  # first: raises if closed, before the views are touched
+        if self._tokens_i32 is None:
+            widened: I32Array = self._tokens[i].astype(np.int32)
+            return widened
         batch: I32Array = self._tokens_i32[i]
         return batch
 
@@ -262,7 +275,7 @@ class BatchFileReader(LocalSlots, Closing):
         """Batches ``start..stop`` as one read-only ``[n, batch_size, seq_len]`` view (no copy).
 
         The one range NumPy cannot express is the empty range of a file without batches whose
-        ``batch_size * seq_len * 4`` exceeds NumPy's array size limit (2**63 bytes): that
+        ``batch_size * seq_len * token bytes`` exceeds NumPy's array size limit (2**63 bytes): that
         raises ``ZeroBatchError``, since an empty array of that shape does not exist in NumPy.
         """
         if self._closed:
@@ -274,7 +287,7 @@ class BatchFileReader(LocalSlots, Closing):
             h = self.header
             raise ZeroBatchError(
                 f"{self.path}: the file holds no batches, and NumPy cannot represent an empty "
-                f"[0, {h.batch_size}, {h.seq_len}] uint32 array (a batch of "
+                f"[0, {h.batch_size}, {h.seq_len}] {DTYPE_NAMES[h.dtype]} array (a batch of "
                 f"{h.raw_batch_bytes} bytes exceeds its size limit)"
             )
         return self._tokens[start:stop]
@@ -367,7 +380,7 @@ class BatchFileReader(LocalSlots, Closing):
         h = self.header
         return (
             f"BatchFileReader({self.path!r}, num_batches={h.num_batches}, "
-            f"batch_size={h.batch_size}, seq_len={h.seq_len})"
+            f"batch_size={h.batch_size}, seq_len={h.seq_len}, dtype={DTYPE_NAMES[h.dtype]})"
         )
 
 
@@ -382,17 +395,18 @@ def _views(data: mmap.mmap, h: Header) -> tuple[U32Array, U32Array, bool]:
     """
     words = h.batch_size * h.seq_len
     pad_words = h.slot_words - words
+    dtype = h.token_dtype
     if h.num_batches == 0:
-        padding = np.empty((0, pad_words), dtype=TOKEN_DTYPE)
+        padding = np.empty((0, pad_words), dtype=dtype)
         try:
-            tokens = np.empty((0, h.batch_size, h.seq_len), dtype=TOKEN_DTYPE)
+            tokens = np.empty((0, h.batch_size, h.seq_len), dtype=dtype)
             unrepresentable = False
-        except ValueError:  # "array is too big": B * T * 4 exceeds NumPy's size limit
-            tokens = np.empty((0, 0, 0), dtype=TOKEN_DTYPE)
+        except ValueError:  # "array is too big": B * T * itemsize exceeds NumPy's size limit
+            tokens = np.empty((0, 0, 0), dtype=dtype)
             unrepresentable = True
         tokens.flags.writeable = padding.flags.writeable = False
         return tokens, padding, unrepresentable
-    flat = np.frombuffer(data, dtype=TOKEN_DTYPE, offset=HEADER_SIZE)
+    flat = np.frombuffer(data, dtype=dtype, offset=HEADER_SIZE)
     slots = flat.reshape(h.num_batches, h.slot_words)
     tokens = slots[:, :words].reshape(h.num_batches, h.batch_size, h.seq_len)
     return tokens, slots[:, words:], False

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from zerobatch_spec import TOKEN_BYTES, ErrorCode, Header, Violation
+from zerobatch_spec import ErrorCode, Header, Violation
 
 from ..errors import FormatError
 from .reader import BatchFileReader
@@ -48,7 +48,7 @@ def padding_violation(h: Header, batch: int, words: npt.NDArray[np.uint32]) -> V
     word = int(np.flatnonzero(words)[0])
     raw = words[word : word + 1].tobytes()
     byte = next(i for i, v in enumerate(raw) if v)
-    offset = h.raw_batch_bytes + TOKEN_BYTES * word + byte
+    offset = h.raw_batch_bytes + words.dtype.itemsize * word + byte
     return Violation(
         ErrorCode.NONZERO_PADDING,
         "padding",

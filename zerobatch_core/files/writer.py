@@ -39,6 +39,21 @@ How the output appears (``_atomic_output``), and what a killed writer leaves beh
 Operating-system errors while writing (disk full, quota, permissions, I/O errors) raise
 ``ZeroBatchIOError``, an ``OSError`` naming the output path; for a full disk it also says how
 many bytes the write needs.
+
+Token dtype (``dtype=``): every writer stores its tokens as ``"uint32"`` (dtype code 0, the
+default) or ``"uint16"`` (code 1, half the bytes, for vocabularies of at most 65,536 ids); the
+slot arithmetic is the spec's for that code. Inputs may be any integer dtype: a token that the
+output dtype cannot hold (negative, or above its maximum) is refused with a ``WriteError``
+naming the value, its record and its place in the record, and nothing is written. The record
+permutation does not depend on the dtype, so the same records and seed written as uint16 and
+as uint32 give files that hold the same batches, value for value. ``dtype="auto"`` writes
+uint16 when every token of the input fits, else uint32: ``write_batch_file`` learns it while
+it checks the array's values (an array of a 16-bit or narrower unsigned dtype needs no look),
+and the streaming writer from the records as they pass on their way to its scratch file, so
+neither reads its input twice. The price of ``"auto"`` in the streaming writer is a scratch
+file (and spill file) of uint32 records, twice the bytes of a uint16 one, plus one maximum per
+input block (within run-to-run noise of a forced uint16 write; ``ingest.dtypes`` gives a
+measurement).
 """
 
 from __future__ import annotations
@@ -53,19 +68,24 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 from zerobatch_spec import (
     DOMAIN_RECORDS,
+    DTYPE_NAMES,
+    DTYPE_UINT16,
+    DTYPE_UINT32,
     HEADER_SIZE,
-    TOKEN_BYTES,
-    TOKEN_DTYPE,
     U32_MAX,
     Header,
     build_header,
+    dtype_code,
     permute_array,
+    token_bytes,
+    token_dtype,
+    token_max,
     unpermute_array,
 )
 
@@ -127,7 +147,9 @@ class _Target:
             raise self.error(e, doing) from e
 
 
-def _write_all(fd: int, data: npt.NDArray[np.uint32] | bytes, offset: int, target: _Target) -> None:
+def _write_all(
+    fd: int, data: npt.NDArray[np.unsignedinteger] | bytes, offset: int, target: _Target
+) -> None:
     """``data`` (C-contiguous) written at ``offset`` of ``fd``, however many calls it takes.
 
     Every byte the writers put on disk goes through here, so a failing write always becomes a
@@ -452,25 +474,77 @@ def _atomic_output(path: str, overwrite: bool, target: _Target) -> Iterator[int]
 # --- input checks ------------------------------------------------------------------------------
 
 
+DtypeArg = str | int
+"""A token dtype as the writers take it: ``"uint32"`` or ``"uint16"``, or a dtype code (0, 1);
+``"auto"`` where the writer may choose (module docstring)."""
+
+AUTO = "auto"
+"""The ``dtype`` that lets a writer choose: uint16 when every token fits, else uint32."""
+
+
+def token_dtype_code(dtype: object, *, auto: bool = False) -> int | None:
+    """The dtype code ``dtype`` names, or ``None`` for ``"auto"`` (accepted only with
+    ``auto``); anything else is a ``WriteError`` naming what is accepted."""
+    if auto and dtype == AUTO:
+        return None
+    if isinstance(dtype, str):
+        with suppress(ValueError):
+            return dtype_code(dtype)
+    elif (
+        isinstance(dtype, (int, np.integer))
+        and not isinstance(dtype, bool)
+        and dtype in DTYPE_NAMES
+    ):
+        return int(dtype)
+    names = ", ".join(repr(n) for n in [*DTYPE_NAMES.values(), *([AUTO] if auto else [])])
+    codes = ", ".join(str(c) for c in DTYPE_NAMES)
+    raise WriteError(f"dtype must be one of {names}, or a dtype code ({codes}); got {dtype!r}")
+
+
+def _range_text(dtype: int) -> str:
+    """The values dtype code ``dtype`` holds, as messages write them."""
+    return "[0, 2**32 - 1]" if dtype == DTYPE_UINT32 else f"[0, {token_max(dtype)}]"
+
+
 def _check_token_dtype(dtype: np.dtype[np.generic], what: str) -> None:
     if dtype.kind not in "ui":
         raise WriteError(f"{what}: tokens must be an integer dtype, got {dtype}")
 
 
-def _to_u32(rows: npt.NDArray[np.integer], what: str, first_record: int) -> npt.NDArray[np.uint32]:
-    """Rows as uint32, or a ``WriteError`` naming the first record with an out-of-range token."""
-    if rows.dtype == np.uint32 or rows.size == 0:
-        return rows.astype(TOKEN_DTYPE, copy=False)
-    if rows.dtype.kind == "u" and rows.dtype.itemsize <= TOKEN_BYTES:
-        return rows.astype(TOKEN_DTYPE)
-    bad = (rows < 0) | (rows > U32_MAX)
-    if bad.any():
+def _to_tokens(
+    rows: npt.NDArray[np.integer], what: str, first_record: int, dtype: int = DTYPE_UINT32
+) -> npt.NDArray[np.unsignedinteger]:
+    """Rows as tokens of dtype code ``dtype``, or a ``WriteError`` naming the first record with
+    a token outside that dtype's range (its value, record and position in the record)."""
+    out = token_dtype(dtype)
+    if rows.dtype == out or rows.size == 0:
+        return rows.astype(out, copy=False)
+    if rows.dtype.kind == "u" and rows.dtype.itemsize <= out.itemsize:
+        return rows.astype(out)
+    top = token_max(dtype)
+    if (rows.dtype.kind == "i" and int(rows.min()) < 0) or int(rows.max()) > top:
+        bad = (rows < 0) | (rows > top)
         r, c = (int(x[0]) for x in np.nonzero(bad))
         raise WriteError(
             f"{what}: record {first_record + r}, token {c}: value {int(rows[r, c])} is outside "
-            f"the uint32 range [0, 2**32 - 1]"
+            f"the {DTYPE_NAMES[dtype]} range {_range_text(dtype)}"
         )
-    return rows.astype(TOKEN_DTYPE)
+    return rows.astype(out)
+
+
+class _Largest:
+    """The largest token of the records that went by, for ``dtype="auto"``."""
+
+    def __init__(self) -> None:
+        self.value = -1
+
+    def note(self, rows: npt.NDArray[np.integer]) -> None:
+        if rows.size:
+            self.value = max(self.value, int(rows.max()))
+
+    def code(self) -> int:
+        """uint16 when every token seen fits (also when there was none), else uint32."""
+        return DTYPE_UINT16 if self.value <= token_max(DTYPE_UINT16) else DTYPE_UINT32
 
 
 class RecordFile:
@@ -527,7 +601,9 @@ def _as_record_file(source: npt.NDArray[np.integer]) -> RecordFile | None:
     return RecordFile(fd, int(source.offset), shape, source.dtype, os.fspath(source.filename))
 
 
-def _file_header(total: int, batch_size: int, seq_len: int, seed: int) -> Header:
+def _file_header(
+    total: int, batch_size: int, seq_len: int, seed: int, dtype: int = DTYPE_UINT32
+) -> Header:
     """The header of a file of ``total`` records: the remainder past whole batches is dropped."""
     return Header(
         batch_size=batch_size,
@@ -535,6 +611,7 @@ def _file_header(total: int, batch_size: int, seq_len: int, seed: int) -> Header
         num_batches=total // batch_size,
         seed=seed,
         total_records=total,
+        dtype=dtype,
     )
 
 
@@ -545,18 +622,20 @@ def _write_permuted(
     seed: int,
     what: str,
     overwrite: bool,
+    dtype: int = DTYPE_UINT32,
 ) -> int:
-    """Write ``source`` ([N, T]) as an LLMBATCH file at ``path``; return the batch count."""
+    """Write ``source`` ([N, T]) as an LLMBATCH file of dtype code ``dtype`` at ``path``;
+    return the batch count. The values were checked (``_check_values``)."""
     total, seq_len = int(source.shape[0]), int(source.shape[1])
     if total > U32_MAX:
         raise WriteError(f"{what}: {total} records exceed the u32 total_records field")
-    header = _file_header(total, batch_size, seq_len, seed)
+    header = _file_header(total, batch_size, seq_len, seed, dtype)
     target = _Target(path, "the output", header.file_size)
     batch_words = batch_size * seq_len
     per_chunk = max(1, CHUNK_BYTES // header.padded_batch_bytes)
     # No buffer for a file without batches: its slot may be too large to allocate (2^64 bytes).
     rows_of_slots = min(per_chunk, header.num_batches)
-    buf = np.zeros((rows_of_slots, header.slot_words if rows_of_slots else 0), TOKEN_DTYPE)
+    buf = np.zeros((rows_of_slots, header.slot_words if rows_of_slots else 0), header.token_dtype)
     with _atomic_output(path, overwrite, target) as fd:
         for b0 in range(0, header.num_batches, per_chunk):
             b1 = min(b0 + per_chunk, header.num_batches)
@@ -570,7 +649,7 @@ def _write_permuted(
                 if isinstance(source, RecordFile)
                 else np.asarray(source[ascending])
             )
-            rows = _to_u32(picked, what, 0)
+            rows = _to_tokens(picked, what, 0, dtype)
             # Scatter straight into the slots' token area (a [m, B, T] view of the buffer).
             slots = buf[:m, :batch_words].reshape(m, batch_size, seq_len)
             slots[order // batch_size, order % batch_size] = rows
@@ -600,13 +679,28 @@ def _check_array(tokens: object, seq_len: int | None, what: str) -> npt.NDArray[
     return tokens
 
 
-def _check_values(tokens: npt.NDArray[np.integer], what: str) -> None:
-    """Reject out-of-range tokens anywhere in the input, including the dropped remainder."""
-    if tokens.dtype.kind == "u" and tokens.dtype.itemsize <= TOKEN_BYTES:
-        return
-    step = max(1, CHUNK_BYTES // max(1, tokens.shape[1] * tokens.dtype.itemsize))
+def _check_values(
+    tokens: npt.NDArray[np.integer], what: str, dtype: int | None = DTYPE_UINT32
+) -> int:
+    """Reject tokens that dtype code ``dtype`` cannot hold anywhere in the input, including
+    the dropped remainder, a chunk of records at a time; return the dtype code to write.
+
+    ``dtype=None`` (``"auto"``) checks against uint32 and returns uint16 when the largest
+    token fits it; an unsigned array of 16 bits or fewer is uint16 without a look.
+    """
+    kind, item = tokens.dtype.kind, tokens.dtype.itemsize
+    if dtype is None and kind == "u" and item <= token_bytes(DTYPE_UINT16):
+        return DTYPE_UINT16
+    check = DTYPE_UINT32 if dtype is None else dtype
+    if dtype is not None and kind == "u" and item <= token_bytes(check):
+        return check
+    largest = _Largest()
+    step = max(1, CHUNK_BYTES // max(1, tokens.shape[1] * item))
     for r0 in range(0, tokens.shape[0], step):
-        _to_u32(np.asarray(tokens[r0 : r0 + step]), what, r0)
+        rows = _to_tokens(np.asarray(tokens[r0 : r0 + step]), what, r0, check)
+        if dtype is None:
+            largest.note(rows)
+    return check if dtype is not None else largest.code()
 
 
 def write_batch_file(
@@ -618,25 +712,33 @@ def write_batch_file(
     *,
     overwrite: bool = False,
     allow_empty: bool = False,
+    dtype: DtypeArg = "uint32",
 ) -> int:
     """Write a ``[num_records, seq_len]`` integer array as an LLMBATCH file; return num_batches.
 
     Records are permuted by ``seed`` (``SPEC.md``), grouped into batches of ``batch_size``, and
     the remainder is dropped. ``tokens_array`` may be a ``np.memmap``: it is read a chunk at a
-    time. Tokens must fit in uint32. The file appears atomically (module docstring), and the
-    same input and seed always give the same bytes.
+    time. Tokens are stored as ``dtype``: ``"uint32"`` (the default), ``"uint16"`` (half the
+    bytes; every token must be at most 65,535), a dtype code, or ``"auto"`` (uint16 when every
+    token fits, else uint32; module docstring). The file appears atomically (module
+    docstring), and the same input, seed and dtype always give the same bytes.
 
-    Refused with a ``WriteError`` before anything is written: an existing ``output_path``
-    unless ``overwrite=True``; an output that is the file behind a memory-mapped
-    ``tokens_array`` (even with ``overwrite``); and fewer records than ``batch_size`` (a file
-    without batches) unless ``allow_empty=True``. OS errors while writing raise
-    ``ZeroBatchIOError`` naming the output.
+    Refused with a ``WriteError`` before anything is written: an unknown ``dtype``; an
+    existing ``output_path`` unless ``overwrite=True``; an output that is the file behind a
+    memory-mapped ``tokens_array`` (even with ``overwrite``); fewer records than
+    ``batch_size`` (a file without batches) unless ``allow_empty=True``; and a token the dtype
+    cannot hold, anywhere in the array (named with its value, record and position). OS errors
+    while writing raise ``ZeroBatchIOError`` naming the output.
 
     >>> import numpy as np
     >>> write_batch_file("x.batch", np.arange(64, dtype=np.uint32).reshape(8, 8), 4, seed=1)
     ... # doctest: +SKIP
     2
+    >>> write_batch_file("x16.batch", np.arange(64).reshape(8, 8), 4, dtype="uint16")
+    ... # doctest: +SKIP
+    2
     """
+    code = token_dtype_code(dtype, auto=True)
     b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
     s = int_arg("seed", seed, 0, U32_MAX, WriteError)
     if seq_len is not None:
@@ -646,14 +748,56 @@ def write_batch_file(
     path = check_output(output_path, overwrite=overwrite, inputs=[backing] if backing else [])
     if tokens.shape[0] < b and not allow_empty:
         raise WriteError(_empty_message(path, int(tokens.shape[0]), b))
-    _check_values(tokens, "tokens_array")
+    written = _check_values(tokens, "tokens_array", code)
     records = _as_record_file(tokens)
     if records is None:
-        return _write_permuted(path, tokens, b, s, "tokens_array", overwrite)
+        return _write_permuted(path, tokens, b, s, "tokens_array", overwrite, written)
     try:
-        return _write_permuted(path, records, b, s, "tokens_array", overwrite)
+        return _write_permuted(path, records, b, s, "tokens_array", overwrite, written)
     finally:
         os.close(records.fd)
+
+
+def retype_batch_file(
+    input_path: PathLike, output_path: PathLike, dtype: DtypeArg, *, overwrite: bool = False
+) -> Header:
+    """Copy the LLMBATCH file ``input_path`` to ``output_path`` with its tokens stored as
+    ``dtype``; return the new header.
+
+    Batch for batch: the header keeps every field but the dtype, and each slot holds the same
+    tokens, so the copy is the file the writers give for the same records, seed and
+    ``dtype`` (the permutation does not depend on the dtype). Widening always works; narrowing
+    refuses a token the dtype cannot hold with a ``WriteError`` naming it (its record is the
+    position ``batch * batch_size + row`` in the file) and writes nothing. ``output_path`` may
+    be ``input_path`` itself (with ``overwrite=True``): the new file replaces it atomically,
+    as every output here (module docstring); the input is read through its own mapping.
+    """
+    from .reader import BatchFileReader  # the reader knows nothing of the writer
+
+    code = token_dtype_code(dtype)
+    assert code is not None
+    src = os.fspath(input_path)
+    with BatchFileReader(src) as reader:
+        header = replace(reader.header, dtype=code)
+        out = os.fspath(output_path)
+        same = os.path.exists(out) and os.path.samefile(out, src)
+        path = check_output(out, overwrite=overwrite, inputs=[] if same else [src])
+        b, t, n = header.batch_size, header.seq_len, header.num_batches
+        target = _Target(path, "the output", header.file_size)
+        widest = max(header.padded_batch_bytes, reader.header.padded_batch_bytes)
+        per_chunk = max(1, CHUNK_BYTES // widest)
+        rows_of_slots = min(per_chunk, n)
+        buf = np.zeros(
+            (rows_of_slots, header.slot_words if rows_of_slots else 0), header.token_dtype
+        )
+        with _atomic_output(path, overwrite, target) as fd:
+            for b0 in range(0, n, per_chunk):
+                m = min(b0 + per_chunk, n) - b0
+                tokens = reader.read_batches(b0, b0 + m).reshape(m * b, t)
+                buf[:m, : b * t] = _to_tokens(tokens, src, b0 * b, code).reshape(m, b * t)
+                _write_all(fd, buf[:m], HEADER_SIZE + b0 * header.padded_batch_bytes, target)
+            _write_header(fd, header, target)
+    return header
 
 
 def write_bytes_atomic(output_path: PathLike, data: bytes, *, overwrite: bool = False) -> None:
@@ -691,8 +835,11 @@ def _record_blocks(
     total_records: int | None,
     seq_len: int,
     inputs: _StreamInputs,
-) -> Iterator[npt.NDArray[np.uint32]]:
-    """Checked ``[k, seq_len]`` uint32 blocks of the stream (1-D items become one-row blocks).
+    dtype: int = DTYPE_UINT32,
+    largest: _Largest | None = None,
+) -> Iterator[npt.NDArray[np.unsignedinteger]]:
+    """Checked ``[k, seq_len]`` blocks of the stream as tokens of dtype code ``dtype`` (1-D
+    items become one-row blocks); ``largest``, if given, notes every block.
 
     ``total_records=None`` accepts any count up to the u32 limit of the header field; otherwise
     the stream must yield exactly ``total_records`` records (checked when it ends).
@@ -716,7 +863,10 @@ def _record_blocks(
                 if total_records is not None
                 else f"tokens_iter yields more than {U32_MAX} records, the u32 header limit"
             )
-        yield np.ascontiguousarray(_to_u32(arr, "tokens_iter", count))
+        block = np.ascontiguousarray(_to_tokens(arr, "tokens_iter", count, dtype))
+        if largest is not None:
+            largest.note(block)
+        yield block
         count += arr.shape[0]
     if total_records is not None and count != total_records:
         raise WriteError(f"tokens_iter yielded {count} records, but total_records={total_records}")
@@ -733,18 +883,24 @@ STAGE_SHARE_DIRECT = 4
 
 
 def _scatter_mapped(
-    fd: int, offset: int, slots: npt.NDArray[np.uint32], order: npt.NDArray[np.intp]
+    fd: int,
+    offset: int,
+    slots: npt.NDArray[np.unsignedinteger],
+    order: npt.NDArray[np.intp],
+    dtype: np.dtype[np.unsignedinteger],
 ) -> None:
-    """``slots[order[i] // B, order[i] % B] = row i`` of the packed rows at ``offset`` in ``fd``.
+    """``slots[order[i] // B, order[i] % B] = row i`` of the packed rows (of ``dtype``, which
+    may be wider than the slots' when every value is known to fit) at ``offset`` in ``fd``.
 
     The rows are read through a temporary read-only mapping: one copy fewer than reading them
     into a buffer first, and the mapping leaves the resident set when it closes.
     """
     m, b, t = slots.shape
     flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-    mm = mmap.mmap(fd, m * b * t * TOKEN_BYTES, flags=flags, prot=mmap.PROT_READ, offset=offset)
+    size = m * b * t * dtype.itemsize
+    mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ, offset=offset)
     try:
-        packed = np.frombuffer(mm, dtype=TOKEN_DTYPE).reshape(m * b, t)
+        packed = np.frombuffer(mm, dtype=dtype).reshape(m * b, t)
         slots[order // b, order % b] = packed
         del packed
     finally:
@@ -867,6 +1023,12 @@ class _WindowedOutput:
     I/O thread, in submission order, while this thread computes the next block's or window's
     placement; at most two pieces of work are in flight, so memory is a few stages and windows
     whatever the dataset size.
+
+    ``header`` describes the records as they are sorted (its dtype is the stage's, the dtype
+    the stream's blocks come in); the output's dtype is given to ``finish`` and may be narrower
+    (``dtype="auto"``, once the stream showed that every token fits). A window is a run of
+    whole batches, the same in both: its byte range in the sorting file follows the stage's
+    slot size, in the output the output's.
     """
 
     def __init__(
@@ -875,7 +1037,7 @@ class _WindowedOutput:
         self.out_fd, self.sort_fd, self.header = out_fd, sort_fd, header
         self.out_target, self.sort_target = out, sort
         b, t = header.batch_size, header.seq_len
-        self.row_bytes = t * TOKEN_BYTES
+        self.row_bytes = t * header.token_dtype.itemsize
         self.kept = header.num_batches * b
         self.window_batches = max(1, WINDOW_BYTES // header.padded_batch_bytes)
         self.window_records = self.window_batches * b
@@ -884,7 +1046,7 @@ class _WindowedOutput:
         self.starts = HEADER_SIZE + np.arange(n_windows, dtype=np.int64) * window_bytes
         self.cursors = self.starts.copy()
         stage_rows = max(1, min(STAGE_BYTES // self.row_bytes, max(self.kept, 1)))
-        self.stage = np.empty((stage_rows, t), dtype=TOKEN_DTYPE)
+        self.stage = np.empty((stage_rows, t), dtype=header.token_dtype)
         self.staged = 0
         self.placed = 0  # input records placed so far (the stream index of stage row 0)
         # Input record -> output position (phase 1), output position -> input record (phase 2).
@@ -899,8 +1061,8 @@ class _WindowedOutput:
     def _submit(self, fn: Callable[..., None], *args: object) -> None:
         self.io.submit(fn, *args)
 
-    def add(self, rows: npt.NDArray[np.uint32]) -> None:
-        """Take the next input records, in stream order."""
+    def add(self, rows: npt.NDArray[np.unsignedinteger]) -> None:
+        """Take the next input records, in stream order (tokens of the stage's dtype)."""
         if rows.shape[0] >= self.stage.shape[0] // STAGE_SHARE_DIRECT:  # place without staging
             self._flush()
             self._place(rows)
@@ -919,7 +1081,7 @@ class _WindowedOutput:
             self._place(self.stage[: self.staged])
         self.staged = 0
 
-    def _place(self, rows: npt.NDArray[np.uint32]) -> None:
+    def _place(self, rows: npt.NDArray[np.unsignedinteger]) -> None:
         """Append the next ``len(rows)`` input records to their windows' packed areas."""
         k = rows.shape[0]
         pos = self.positions.get(self.placed, k).astype(np.int64)
@@ -937,31 +1099,38 @@ class _WindowedOutput:
         ws = w_sorted[firsts]
         offsets = self.cursors[ws].copy()
         self.cursors[ws] += counts * self.row_bytes
-        packed = rows[order]  # a copy: the caller may reuse ``rows`` once this returns
+        # A copy (the caller may reuse ``rows`` once this returns), in the stage's dtype.
+        packed = rows[order].astype(self.stage.dtype, copy=False)
         self._submit(self._write_pieces, packed, firsts.tolist(), offsets.tolist())
 
     def _write_pieces(
-        self, packed: npt.NDArray[np.uint32], firsts: list[int], offsets: list[int]
+        self, packed: npt.NDArray[np.unsignedinteger], firsts: list[int], offsets: list[int]
     ) -> None:
         ends = [*firsts[1:], packed.shape[0]]
         for a, e, off in zip(firsts, ends, offsets, strict=True):
             _write_all(self.sort_fd, packed[a:e], off, self.sort_target)
 
-    def _write_window(self, data: npt.NDArray[np.uint32], offset: int) -> None:
+    def _write_window(self, data: npt.NDArray[np.unsignedinteger], offset: int) -> None:
         _write_all(self.out_fd, data, offset, self.out_target)
         start_writeback(self.out_fd, offset, data.nbytes)  # final: let the disk start on them
 
-    def finish(self) -> None:
-        """Put every window's records in their slots and write the windows to the output."""
+    def finish(self, dtype: int | None = None) -> None:
+        """Put every window's records in their slots and write the windows to the output, its
+        tokens of dtype code ``dtype`` (default: the stage's; a narrower one only when every
+        token fits it)."""
         self._flush()
         self.io.wait()  # every packed record must be written before it is read back
         h = self.header
+        out = h if dtype is None else replace(h, dtype=dtype)
         b, t = h.batch_size, h.seq_len
-        self.stage = np.empty((0, t), dtype=TOKEN_DTYPE)  # its memory is not needed any more
+        staged = self.stage.dtype
+        self.stage = np.empty((0, t), dtype=staged)  # its memory is not needed any more
         for w in range(len(self.starts)):
             if int(self.cursors[w] - self.starts[w]) != self._window_records(w) * self.row_bytes:
                 raise WriteError(f"internal: window {w} received the wrong number of records")
-        bufs = [np.zeros((self.window_batches, h.slot_words), dtype=TOKEN_DTYPE) for _ in range(2)]
+        window_bytes = self.window_batches * out.padded_batch_bytes  # in the output
+        slots_shape = (self.window_batches, out.slot_words)
+        bufs = [np.zeros(slots_shape, dtype=out.token_dtype) for _ in range(2)]
         for w, start in enumerate(self.starts.tolist()):
             m = self._window_records(w) // b
             sources = self.sources.get(w * self.window_records, m * b)
@@ -969,9 +1138,9 @@ class _WindowedOutput:
             buf = bufs[w % 2]
             self.io.wait(keep=1)  # the write that last used ``buf`` must be done
             slots = buf[:m, : b * t].reshape(m, b, t)
-            _scatter_mapped(self.sort_fd, start, slots, order)
+            _scatter_mapped(self.sort_fd, start, slots, order, staged)
             discard(self.sort_fd, start, m * b * self.row_bytes)  # used: never written back
-            self._submit(self._write_window, buf[:m], start)
+            self._submit(self._write_window, buf[:m], HEADER_SIZE + w * window_bytes)
         self.io.wait()
 
     def _window_records(self, w: int) -> int:
@@ -981,28 +1150,34 @@ class _WindowedOutput:
 
 def _write_stream(
     path: str,
-    blocks: Iterable[npt.NDArray[np.uint32]],
+    blocks: Iterable[npt.NDArray[np.unsignedinteger]],
     total: int,
     batch_size: int,
     seq_len: int,
     seed: int,
     overwrite: bool,
     extra_bytes: int = 0,
+    dtype: int = DTYPE_UINT32,
+    decide: Callable[[], int] | None = None,
 ) -> int:
     """Write a stream of ``total`` records (known up front) as an LLMBATCH file at ``path``.
 
-    ``extra_bytes`` is what the caller already holds on the same file system (a spill file), for
-    the bytes a full disk message says the write needs.
+    ``blocks`` hold tokens of dtype code ``dtype``, which the file stores too, unless
+    ``decide`` is given: it is called once the stream has ended and returns the dtype code of
+    the output (``dtype="auto"``; every token must fit it). ``extra_bytes`` is what the caller
+    already holds on the same file system (a spill file), for the bytes a full disk message
+    says the write needs.
     """
-    header = _file_header(total, batch_size, seq_len, seed)
-    size = header.file_size
+    stage = _file_header(total, batch_size, seq_len, seed, dtype)
+    size = stage.file_size  # the output's size, or more when ``decide`` narrows it
     needed = size + extra_bytes  # the sorting file shrinks as the output grows (``discard``)
     out_target = _Target(path, "the output", needed)
     sort_target = _Target(path, "the sorting scratch file beside the output", needed)
-    if header.num_batches == 0:  # the header alone; the stream is still read and checked
+    if stage.num_batches == 0:  # the header alone; the stream is still read and checked
         with _atomic_output(path, overwrite, out_target) as fd:
             for _ in blocks:
                 pass
+            header = stage if decide is None else replace(stage, dtype=decide())
             _write_header(fd, header, out_target)
         return 0
     with _atomic_output(path, overwrite, out_target) as fd:
@@ -1012,11 +1187,15 @@ def _write_stream(
                 os.ftruncate(fd, size)
             with sort_target.errors("sizing"):
                 os.ftruncate(sort_fd, size)
-            out = _WindowedOutput(fd, sort_fd, header, out_target, sort_target)
+            out = _WindowedOutput(fd, sort_fd, stage, out_target, sort_target)
             try:
                 for rows in blocks:
                     out.add(rows)
-                out.finish()
+                header = stage if decide is None else replace(stage, dtype=decide())
+                if header.file_size != size:  # "auto" chose a narrower dtype: a smaller file
+                    with out_target.errors("sizing"):
+                        os.ftruncate(fd, header.file_size)
+                out.finish(header.dtype)
             finally:
                 out.close()
         finally:
@@ -1026,14 +1205,17 @@ def _write_stream(
 
 
 def _spilled_blocks(
-    spill_fd: int, n: int, seq_len: int, path: str
-) -> Iterator[npt.NDArray[np.uint32]]:
-    """The spilled records read back in order, ``CHUNK_BYTES`` at a time."""
+    spill_fd: int, n: int, seq_len: int, path: str, spilled: int, dtype: int
+) -> Iterator[npt.NDArray[np.unsignedinteger]]:
+    """The spilled records (tokens of dtype code ``spilled``) read back in order,
+    ``CHUNK_BYTES`` at a time, as tokens of dtype code ``dtype`` (every token fits it)."""
     what = f"the spill file beside {path}"
-    records = RecordFile(spill_fd, 0, (n, seq_len), TOKEN_DTYPE, what)
+    records = RecordFile(spill_fd, 0, (n, seq_len), token_dtype(spilled), what)
     per_read = max(1, CHUNK_BYTES // records.row_bytes)
+    out = token_dtype(dtype)
     for r0 in range(0, n, per_read):
-        yield records.gather(np.arange(r0, min(r0 + per_read, n), dtype=np.int64)).view(np.uint32)
+        rows = records.gather(np.arange(r0, min(r0 + per_read, n), dtype=np.int64))
+        yield rows.astype(out, copy=False)
 
 
 def write_batch_dataset(
@@ -1046,6 +1228,7 @@ def write_batch_dataset(
     *,
     overwrite: bool = False,
     allow_empty: bool = False,
+    dtype: DtypeArg = "uint32",
 ) -> int:
     """Write a stream of records as an LLMBATCH file with bounded memory; return num_batches.
 
@@ -1055,17 +1238,24 @@ def write_batch_dataset(
     once, permuted, in file order (``_WindowedOutput``), so the result is byte-identical to
     ``write_batch_file`` on the same records. ``total_records=None`` accepts a stream of
     unknown length: the permutation needs the count, so the stream is then first spilled to
-    another unlinked file (``total_records * seq_len * 4`` bytes) and read back in order.
+    another unlinked file (``total_records * seq_len`` tokens) and read back in order.
     Peak memory is a block of the stream plus a few ``CHUNK_BYTES``,
     whatever the dataset size. The file appears atomically (module docstring).
 
-    Refused with a ``WriteError``: an existing ``output_path`` unless ``overwrite=True`` (before
-    the stream is touched); an item that is a memory-mapped view of the output file itself (even
-    with ``overwrite``); and an output without batches (fewer records than ``batch_size``)
-    unless ``allow_empty=True``, checked before anything is read when ``total_records`` is
-    given, else once the stream has ended, before the output is created. OS errors while
-    writing raise ``ZeroBatchIOError`` naming the output.
+    Tokens are stored as ``dtype``, as ``write_batch_file`` takes it; with ``"auto"`` the
+    choice is made once the stream has ended, from the largest token it held (module
+    docstring), and can be read back from the file's header.
+
+    Refused with a ``WriteError``: an unknown ``dtype`` and an existing ``output_path`` unless
+    ``overwrite=True`` (before the stream is touched); an item that is a memory-mapped view of
+    the output file itself (even with ``overwrite``); a token the dtype cannot hold (named
+    with its value, its record in the stream and its position; nothing is written); and an
+    output without batches (fewer records than ``batch_size``) unless ``allow_empty=True``,
+    checked before anything is read when ``total_records`` is given, else once the stream has
+    ended, before the output is created. OS errors while writing raise ``ZeroBatchIOError``
+    naming the output.
     """
+    code = token_dtype_code(dtype, auto=True)
     b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
     t = int_arg("seq_len", seq_len, 1, U32_MAX, WriteError)
     s = int_arg("seed", seed, 0, U32_MAX, WriteError)
@@ -1076,21 +1266,26 @@ def write_batch_dataset(
     )
     path = check_output(output_path, overwrite=overwrite)
     inputs = _StreamInputs(path)
+    stage = DTYPE_UINT32 if code is None else code  # "auto" sorts uint32 records
+    largest = _Largest() if code is None else None
     if expected is not None:
         if expected < b and not allow_empty:
             raise WriteError(_empty_message(path, expected, b))
-        blocks = _record_blocks(tokens_iter, expected, t, inputs)
-        return _write_stream(path, blocks, expected, b, t, s, overwrite)
+        blocks = _record_blocks(tokens_iter, expected, t, inputs, stage, largest)
+        decide = None if largest is None else largest.code
+        return _write_stream(path, blocks, expected, b, t, s, overwrite, 0, stage, decide)
     spill_target = _Target(path, "the spill file beside the output", None)
     spill_fd = _scratch_file(path, spill_target)
+    row_bytes = t * token_bytes(stage)
     try:
         n = 0
-        for rows in _record_blocks(tokens_iter, None, t, inputs):
-            _write_all(spill_fd, rows, n * t * TOKEN_BYTES, spill_target)
+        for rows in _record_blocks(tokens_iter, None, t, inputs, stage, largest):
+            _write_all(spill_fd, rows, n * row_bytes, spill_target)
             n += rows.shape[0]
         if n < b and not allow_empty:
             raise WriteError(_empty_message(path, n, b))
-        spilled = _spilled_blocks(spill_fd, n, t, path)
-        return _write_stream(path, spilled, n, b, t, s, overwrite, n * t * TOKEN_BYTES)
+        written = stage if largest is None else largest.code()
+        spilled = _spilled_blocks(spill_fd, n, t, path, stage, written)
+        return _write_stream(path, spilled, n, b, t, s, overwrite, n * row_bytes, written)
     finally:
         os.close(spill_fd)

@@ -4,7 +4,8 @@ Every source implements ``RecordSource`` (``source.py``). nanoGPT ``.bin`` shard
 ``nanogpt`` and ``.npy`` arrays in ``arrays``; each module has its own ``count_records`` and
 ``iter_records`` (same shape of API), so those are used through the module. Other systems'
 token files (``megatron``, ``hf_datasets``, ``mds``, ``atlas``) are ``TokenFile``s cut into
-records by ``token_files.TokenFileSource``; ``formats`` detects and opens them. ``produce``
+records by ``token_files.TokenFileSource``; ``formats`` detects and opens them. ``dtypes``
+decides the token dtype a conversion writes (uint16 or uint32) and says why. ``produce``
 tokenizes a corpus into a live dataset, ``units`` names the pieces producers and Ray tasks share.
 """
 

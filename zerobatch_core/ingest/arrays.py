@@ -277,6 +277,25 @@ class ArraySource:
         """Tokens in all the arrays (from their headers)."""
         return sum(_open(a).size for a in self._arrays)
 
+    def input_dtypes(self) -> list[np.dtype[Any]]:
+        """The dtype of each array, from its header."""
+        return [_open(a).dtype for a in self._arrays]
+
+    def locate(self, record: int, token: int) -> str:
+        """The array holding token ``token`` of the stream's record ``record``, and where."""
+        first = 0
+        for a in self._arrays:
+            f = _open(a)
+            n = f.count_records(self._seq_len)
+            if record < first + n:
+                k = record - first
+                if len(f.shape) == 2:
+                    return f"{f.path}: record (row) {k:,}, token {token}"
+                at = k * self._seq_len + token
+                return f"{f.path}: element {at:,} (record {k:,}, token {token})"
+            first += n
+        return f"record {record:,} (past the arrays' {first:,} records), token {token}"
+
     def drops(self) -> list[Drop]:
         """The flat arrays' tails, which no record holds (records never straddle two files)."""
         t = self._seq_len

@@ -30,6 +30,10 @@ conversion's input records (the records in the order the source yields them, bef
   an earlier file gets an empty range. Ranges are consecutive and cover every record read.
 
 Source paths are stored absolute, as the conversion named them (symbolic links not resolved).
+
+Tokens are stored as uint16 or uint32 (``dtype``: ``"auto"`` by default, which writes uint16
+whenever every token fits; ``ingest.dtypes`` says how it is decided and what it costs); the
+summary says which dtype was written and why.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import Any, Literal, TextIO
 
 import numpy as np
 import numpy.typing as npt
+from zerobatch_spec import DTYPE_NAMES, HEADER_SIZE, parse_header
 from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME, Source
 
 from ..arguments import U32_MAX, int_arg
@@ -52,6 +57,7 @@ from ..errors import IngestError, WriteError
 from ..files.writer import CHUNK_BYTES, check_output, write_batch_dataset
 from ..tokenization.parallel import tokenize_documents
 from .arrays import ArrayFile, ArraySource
+from .dtypes import DtypePlan, TokenWatch, final_reason, plan_dtype
 from .formats import (
     DEFAULT_COLUMN,
     TOKEN_FORMATS,
@@ -124,6 +130,10 @@ class ConvertSummary:
     packing: dict[str, Any] = field(default_factory=dict)
     shards: int | None = None
     """Shards of a dataset output (``shard_batches``); ``None`` for a single file."""
+    dtype: str = "uint32"
+    """The token dtype written: ``uint16`` or ``uint32``."""
+    dtype_reason: str = ""
+    """Why that dtype (``ingest.dtypes``): the vocabulary, the inputs' dtype, the largest id."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -174,6 +184,8 @@ class ConvertSummary:
         out.append(f"  {self.tokens_per_second / 1e6:.1f}M tokens/s over {self.seconds:.1f} s")
         if self.padding_fraction is not None:
             out.append(f"  padding fraction: {self.padding_fraction:.4f}")
+        reason = f" ({self.dtype_reason})" if self.dtype_reason else ""
+        out.append(f"  tokens stored as {self.dtype}{reason}")
         return out
 
 
@@ -382,9 +394,14 @@ def convert(
     overwrite: bool = False,
     allow_empty: bool = False,
     shard_batches: int | None = None,
+    dtype: str = "auto",
     **source_options: Any,
 ) -> ConvertSummary:
     """Convert ``sources`` to the LLMBATCH file ``output``; see ``open_source`` for options.
+
+    ``dtype`` is the tokens' dtype: ``"auto"`` (uint16 when every token that can be written
+    fits, else uint32), ``"uint16"`` or ``"uint32"``; ``ingest.dtypes`` says how ``"auto"``
+    decides, and when a forced ``"uint16"`` is refused.
 
     Refused with a ``WriteError`` before any record is read: an ``output`` that is one of the
     source files (or a shard's ``.bos.idx``), always; an existing ``output`` unless
@@ -399,20 +416,31 @@ def convert(
     b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
     kind: Kind = source_options.pop("kind", None) or detect_kind([os.fspath(x) for x in sources])
     src = open_source(sources, t, kind=kind, **source_options)
+    plan = plan_dtype(src, dtype)
     if shard_batches is not None:
         n = int_arg("shard_batches", shard_batches, 1, U32_MAX // b, WriteError)
         return _convert_sharded(
-            src, kind, output, t, b, n, seed, progress, overwrite, allow_empty, source_options
+            src, kind, output, t, b, n, seed, progress, overwrite, allow_empty, source_options, plan
         )
     check_output(output, overwrite=overwrite, inputs=source_files(src))
     total = src.num_records
     if total is not None and total < b and not allow_empty:
         raise _empty_error(output, total, t, b)
-    counted = _Counted(src.iter_blocks(), progress, total)
+    watch = TokenWatch(src.iter_blocks(), src, plan)
+    counted = _Counted(iter(watch), progress, total)
     batches = write_batch_dataset(
-        output, counted, total, b, t, seed, overwrite=overwrite, allow_empty=allow_empty
+        output,
+        counted,
+        total,
+        b,
+        t,
+        seed,
+        overwrite=overwrite,
+        allow_empty=allow_empty,
+        dtype="auto" if plan.code is None else plan.code,
     )
     seconds = time.perf_counter() - counted.start
+    written = _file_dtype(output)
     kept = batches * b
     source_tokens, drops = conversion_drops(src, counted.records, kept, b, t)
     stats = getattr(src, "stats", None)
@@ -431,7 +459,15 @@ def convert(
         drops=drops,
         padding_fraction=None if stats is None else float(stats.padding_fraction),
         packing={} if stats is None else stats.to_dict(),
+        dtype=DTYPE_NAMES[written],
+        dtype_reason=final_reason(plan, written, watch.largest, src),
     )
+
+
+def _file_dtype(path: str) -> int:
+    """The dtype code in the header of the LLMBATCH file just written at ``path``."""
+    with open(path, "rb") as f:
+        return parse_header(f.read(HEADER_SIZE)).dtype
 
 
 def _empty_error(output: str, total: int, t: int, b: int) -> WriteError:
@@ -562,6 +598,7 @@ def _convert_sharded(
     overwrite: bool,
     allow_empty: bool,
     options: dict[str, Any],
+    plan: DtypePlan,
 ) -> ConvertSummary:
     """``convert`` into a dataset directory of shards of ``shard_batches`` batches."""
     inputs = source_files(src)
@@ -570,7 +607,8 @@ def _convert_sharded(
     total = files.total
     if total is not None and total < b and not allow_empty:
         raise _empty_error(output, total, t, b)
-    counted = _Counted(files.blocks(), progress, total)
+    watch = TokenWatch(files.blocks(), src, plan)
+    counted = _Counted(iter(watch), progress, total)
     manifest = write_sharded_dataset(
         output,
         counted,
@@ -582,6 +620,7 @@ def _convert_sharded(
         overwrite=overwrite,
         allow_empty=allow_empty,
         inputs=inputs,
+        dtype="auto" if plan.code is None else plan.code,
     )
     seconds = time.perf_counter() - counted.start
     kept = manifest.num_batches * b
@@ -605,6 +644,8 @@ def _convert_sharded(
         padding_fraction=None if stats is None else float(stats.padding_fraction),
         packing={} if stats is None else stats.to_dict(),
         shards=len(manifest.shards),
+        dtype=DTYPE_NAMES[manifest.dtype],
+        dtype_reason=final_reason(plan, manifest.dtype, watch.largest, src),
     )
 
 

@@ -551,6 +551,26 @@ class NanoGPTSource:
         """Tokens in all the shards (from their headers)."""
         return sum(_open(s, self.use_bos_index).num_tokens for s in self._shards)
 
+    def input_dtypes(self) -> list[np.dtype[Any]]:
+        """The token dtype of each shard, from its header (uint16 or uint32)."""
+        return [_open(s, self.use_bos_index).dtype for s in self._shards]
+
+    def locate(self, record: int, token: int) -> str:
+        """The shard holding token ``token`` of the stream's record ``record``, and the
+        token's position in the shard (an error path: BOS-aligned starts may be recomputed)."""
+        first = 0
+        t, mode, bos = self._seq_len, self.align, self.bos_token
+        for i, s in enumerate(self._shards):
+            shard = _open(s, self.use_bos_index)
+            cached = None if self._starts is None else self._starts[i]
+            starts = shard.record_starts(t, mode, bos) if cached is None else cached
+            if record < first + starts.size:
+                k = record - first
+                at = int(starts[k]) + token
+                return f"{shard.path}: token {at:,} of the shard (record {k:,}, token {token})"
+            first += int(starts.size)
+        return f"record {record:,} (past the shards' {first:,} records), token {token}"
+
     def drops(self) -> list[Drop]:
         """Shard tokens that no record holds, and why (see the module docstring)."""
         tokens = self.source_tokens - self.num_records * self._seq_len

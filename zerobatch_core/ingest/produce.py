@@ -29,12 +29,24 @@ The end of the run
     (rows of padding only have origin ``-1``); without a ``pad_id`` (the tokenizer has no EOS
     and none was given) they are dropped and counted in the summary.
 
+Token dtype
+    ``dtype`` (``--dtype``) is the dtype of the batches, recorded in the live dataset
+    (``live.json``) and in the production record. ``"auto"`` (the default) takes the dataset's
+    own when it exists, so that every producer of a dataset and every restart writes its dtype;
+    for a new dataset it is uint16 when every id the inputs can give fits (text: the
+    tokenizer's vocabulary, its BOS id and the pad id, as ``convert`` decides; token files:
+    16-bit inputs and pad id, never a scan: each producer reads only its share), else uint32.
+    A forced dtype other than the dataset's is refused by ``LiveProducer``, naming both; a
+    restart with another dtype than its record's, like any other change. A production record
+    written before dtypes were recorded stands for its dataset's dtype.
+
 Memory is bounded by one object's rows, one document, and the tokenization batches in flight,
 whatever the corpus size.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import deque
@@ -45,7 +57,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import xxhash
-from zerobatch_spec import TOKEN_BYTES
+from zerobatch_spec import DTYPE_NAMES, DTYPE_UINT16, DTYPE_UINT32, TOKEN_BYTES, token_max
+from zerobatch_spec.live import DESCRIPTOR_NAME, LiveViolation, parse_descriptor
 
 from ..arguments import U32_MAX, int_arg
 from ..errors import IngestError
@@ -71,6 +84,13 @@ from ..tokenization.parallel import DEFAULT_BATCH_DOCS, tokenize_documents
 from ..tokenization.protocol import Tokenizer
 from ..tokenization.resolve import load_tokenizer
 from .convert import Kind, detect_kind
+from .dtypes import (
+    UINT16_MAX,
+    DtypePlan,
+    check_dtype_option,
+    plan_text_dtype,
+    tokenizer_ids,
+)
 from .nanogpt import Align
 from .packing import Mode
 from .source import Patterns, check_seq_len, expand_paths
@@ -119,6 +139,8 @@ class ProduceSummary:
     seconds: float = 0.0
     commits: int = 0
     conflicts: int = 0
+    dtype: str = "uint32"
+    """The token dtype of the batches (the live dataset's)."""
 
     @property
     def batches(self) -> int:
@@ -144,7 +166,7 @@ class ProduceSummary:
             f"{self.resumed_at:,})",
             f"  {self.documents:,} documents, {self.tokens:,} tokens in {self.seconds:.1f} s "
             f"({self.tokens_per_second:,.0f} tokens/s); {self.commits} commits, "
-            f"{self.conflicts} conflicts",
+            f"{self.conflicts} conflicts; tokens stored as {self.dtype}",
         ]
         if self.padding_rows:
             out.append(f"  last batch completed with {self.padding_rows} rows of padding")
@@ -256,6 +278,7 @@ def produce(
     cadence: Cadence | int | str = "adaptive",
     stop: Callable[[], bool] | None = None,
     on_commit: Callable[[ProduceProgress], None] | None = None,
+    dtype: str = "auto",
 ) -> ProduceSummary:
     """Run producer ``index`` of ``producers`` (id ``producer_id``) over ``sources`` into the
     live dataset ``dataset`` (a URL, a path or a ``Store``; created with ``batch_size``,
@@ -269,8 +292,10 @@ def produce(
     one). ``epochs=None``
     runs until ``stop()`` returns true (checked between objects); ``on_commit`` is called after
     every commit that moves the committed offset. ``workers`` tokenizer processes; the output
-    is the same for any number.
+    is the same for any number. ``dtype`` is ``"auto"``, ``"uint16"`` or ``"uint32"`` (module
+    docstring, "Token dtype").
     """
+    want = check_dtype_option(dtype)
     started = time.monotonic()
     plan = _Plan.make(
         sources,
@@ -291,13 +316,20 @@ def produce(
         unit_records=unit_records,
         seed=seed,
         batches_per_object=batches_per_object,
+        dtype=want,
     )
     if epochs is not None:
         epochs = int_arg("epochs", epochs, 1, None, IngestError)
     workers = int_arg("workers", workers, 1, None, IngestError)
     store = open_store(dataset)
     try:
+        existing = _dataset_dtype(store)
+        code = plan.resolve_dtype(want, existing, store.url)
+        plan.record = dataclasses.replace(plan.record, dtype=DTYPE_NAMES[code])
         found = read_record(store, producer_id)
+        if found is not None and found.dtype is None:  # recorded before dtypes were
+            had = DTYPE_UINT32 if existing is None else existing
+            found = dataclasses.replace(found, dtype=DTYPE_NAMES[had])
         if found is not None and found != plan.record:
             raise ProduceError(
                 f"{store.url}: producer {producer_id} was started with another configuration: "
@@ -305,7 +337,13 @@ def produce(
                 "a producer under a new id"
             )
         with LiveProducer(
-            store, producer_id, batch_size=batch_size, seq_len=seq_len, seed=seed, cadence=cadence
+            store,
+            producer_id,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            seed=seed,
+            cadence=cadence,
+            dtype=code,
         ) as producer:
             if found is None and producer.offset:
                 raise ProduceError(
@@ -331,9 +369,21 @@ def produce(
             seconds=time.monotonic() - started,
             commits=producer.stats.commits,
             conflicts=producer.stats.conflicts,
+            dtype=DTYPE_NAMES[code],
         )
     finally:
         store.close()
+
+
+def _dataset_dtype(store: Store) -> int | None:
+    """The dtype code of the live dataset in ``store``, or ``None`` if there is none yet (a
+    descriptor that does not parse is left to ``LiveProducer``, which names its fault)."""
+    try:
+        data = store.read(DESCRIPTOR_NAME)
+    except FileNotFoundError:
+        return None
+    found = parse_descriptor(data)
+    return None if isinstance(found, LiveViolation) else found.dtype
 
 
 @dataclass
@@ -343,6 +393,25 @@ class _Plan:
     record: ProducerRecord
     tokenizer: Tokenizer | None
     token_files: TokenFiles | None
+    dtypes: DtypePlan
+    """The dtype for a new dataset (``"auto"``: from the ids the inputs can give)."""
+    largest: int | None
+    """The largest id the inputs can give, where known before reading them."""
+    ids: str
+    """Those ids in words, for messages."""
+
+    def resolve_dtype(self, want: str, existing: int | None, where: str) -> int:
+        """The dtype code of the batches: ``want``, or for ``"auto"`` the dataset's own
+        (``existing``) where there is one, else ``dtypes``'s."""
+        assert self.dtypes.code is not None
+        if want != "auto" or existing is None:
+            return self.dtypes.code
+        if existing == DTYPE_UINT16 and self.largest is not None and self.largest > UINT16_MAX:
+            raise ProduceError(
+                f"{where}: the live dataset holds uint16 tokens (ids up to {UINT16_MAX:,}), "
+                f"and this producer's inputs do not fit: {self.ids}; write to a uint32 dataset"
+            )
+        return existing
 
     @classmethod
     def make(
@@ -366,6 +435,7 @@ class _Plan:
         unit_records: int | None,
         seed: int,
         batches_per_object: int | None,
+        dtype: str = "auto",
     ) -> _Plan:
         t = check_seq_len(seq_len)
         b = int_arg("batch_size", batch_size, 1, U32_MAX, IngestError)
@@ -404,6 +474,10 @@ class _Plan:
             counts = [end - entry.first_unit for entry, end in zip(inputs, ends, strict=True)]
             formats: list[str] = [format or detect_format(p) for p in files]
             per_unit, token_files = 0, None
+            ids = tokenizer_ids(tok, pad)
+            dtypes = plan_text_dtype(ids, dtype, tok.name)
+            largest = ids.largest
+            said = ids.describe() if largest is not None else f"tokenizer {tok.name!r}"
         elif found not in ("nanogpt", "npy"):
             raise IngestError(
                 f"produce reads text, nanoGPT shards and .npy arrays, not {found} inputs: "
@@ -428,6 +502,9 @@ class _Plan:
             per_unit = token_files.per_unit
             counts = [token_files.units(p) for p in files]
             formats = [found] * len(files)
+            dtypes, largest, said = _token_files_dtype(
+                [token_files.dtype(p) for p in files], pad, dtype
+            )
         entries = [
             InputEntry(os.path.abspath(p), fmt, os.path.getsize(p), c)
             for p, fmt, c in zip(files, formats, counts, strict=True)
@@ -458,7 +535,26 @@ class _Plan:
                 "(a parquet row group or a whole JSONL or text file each); run at most "
                 f"{record.units} producers"
             )
-        return cls(record, tok, token_files)
+        return cls(record, tok, token_files, dtypes, largest, said)
+
+
+def _token_files_dtype(
+    dtypes: list[np.dtype[Any]], pad: int | None, dtype: str
+) -> tuple[DtypePlan, int | None, str]:
+    """The dtype plan of a producer of token files stored as ``dtypes`` (with ``pad``), the
+    largest id they can give where known, and those ids in words."""
+    names = "/".join(sorted({d.name for d in dtypes}))
+    narrow = all(d.itemsize <= 2 for d in dtypes)
+    largest = None if not narrow else max(UINT16_MAX, -1 if pad is None else pad)
+    said = f"{names} inputs" + ("" if pad is None else f", pad id {pad:,}")
+    if pad is not None and pad > UINT16_MAX and dtype == "uint16":
+        raise IngestError(f"dtype='uint16' cannot hold pad_id {pad:,} (ids up to {UINT16_MAX:,})")
+    if dtype == "uint32":
+        return DtypePlan(DTYPE_UINT32, "asked for"), largest, said
+    if dtype == "uint16":
+        return DtypePlan(DTYPE_UINT16, "asked for", None if narrow else UINT16_MAX), largest, said
+    fits = largest is not None and largest <= UINT16_MAX
+    return DtypePlan(DTYPE_UINT16 if fits else DTYPE_UINT32, said), largest, said
 
 
 class _Run:
@@ -555,6 +651,7 @@ class _Run:
     ) -> None:
         """Record, then append, one object of ``n`` batches; report a commit that landed."""
         r = self.record
+        self._check_fits(flat, origins)
         first = self.producer.offset
         write_batches(self.store, BatchesRecord(r.producer, first, first + n, after, origins))
         before = self.producer.committed
@@ -564,6 +661,29 @@ class _Run:
             self.on_commit(
                 ProduceProgress(r.producer, self.producer.committed, self.producer.offset, after)
             )
+
+    def _check_fits(self, flat: npt.NDArray[np.uint32], origins: npt.NDArray[np.int64]) -> None:
+        """Refuse, before anything of the object is stored, a token the dataset's dtype
+        cannot hold, naming the row it is in by its origin (epoch, unit, document, token)."""
+        top = token_max(self.producer.dtype)
+        if not flat.size or int(flat.max()) <= top:
+            return
+        i = int(np.flatnonzero(flat > top)[0])
+        row, column = divmod(i, self.record.seq_len)
+        epoch, unit, document, token = (int(v) for v in origins[row])
+        name = DTYPE_NAMES[self.producer.dtype]
+        if unit == PADDING:
+            raise ProduceError(
+                f"{self.store.url}: pad id {int(flat[i]):,} does not fit this {name} live "
+                f"dataset (ids up to {top:,})"
+            )
+        entry, part = self.record.locate(unit)
+        where = f"{entry.path}" + ("" if part < 0 else f" (part {part})")
+        raise ProduceError(
+            f"{where}: id {int(flat[i]):,} does not fit this {name} live dataset (ids up to "
+            f"{top:,}): token {column} of the row that starts at document {document} of unit "
+            f"{unit}, token {token} (epoch {epoch})"
+        )
 
     def _pieces(self, start: Cursor) -> Generator[_Piece, None, None]:
         """The share's documents from ``start`` on, as pieces of the row stream."""

@@ -33,7 +33,8 @@ The Datasink (:class:`LLMBatchDatasink`)
 
 Determinism, and what is byte-identical to ``zerobatch convert``
     For the same input files (named in the same order), tokenizer, mode, ``pad_id``,
-    ``seq_len``, ``batch_size``, ``shard_batches`` and seed, the output is byte-identical to the
+    ``seq_len``, ``batch_size``, ``shard_batches``, seed and ``dtype`` (``"auto"`` decides from
+    the tokenizer as the local engine does: ``ingest.dtypes``), the output is byte-identical to the
     single-machine ``zerobatch convert``, whatever the number of Ray workers, the block sizes,
     the scheduling and the retries: every shard file (same records, same shard boundaries,
     same seeds, hence the same permutation), ``checksums.xxh3`` and ``manifest.json`` (the same
@@ -127,6 +128,7 @@ import ray.data
 from ray.data import Datasink
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import WriteResult
+from zerobatch_spec import DTYPE_NAMES, DTYPE_UINT32
 from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME, Manifest, Shard, Source
 from zerobatch_spec.dataset import shard_seed as dataset_shard_seed
 from zerobatch_spec.layout import TOKEN_BYTES, TOKEN_DTYPE
@@ -145,7 +147,14 @@ from ..datasets.dataset import slot_checksums
 from ..datasets.replace import StagedReplacement, remove_stale_staging
 from ..errors import IngestError, WriteError, ZeroBatchError
 from ..files.reader import BatchFileReader
-from ..files.writer import CHUNK_BYTES, check_output, write_batch_dataset, write_bytes_atomic
+from ..files.writer import (
+    CHUNK_BYTES,
+    DtypeArg,
+    check_output,
+    token_dtype_code,
+    write_batch_dataset,
+    write_bytes_atomic,
+)
 from ..redaction import redact
 from ..stores.resolve import open_store
 from ..stores.store import Store, is_url, join_url
@@ -154,6 +163,7 @@ from ..tokenization.descriptions import read_description
 from ..tokenization.resolve import tokenizer_from_json
 from ..tokenization.tiktoken_files import TiktokenTokenizer
 from .convert import ConvertSummary, conversion_drops, detect_kind, plural
+from .dtypes import DtypePlan, plan_dtype
 from .packing import Mode, PackingStats, pad_records
 from .text import DEFAULT_BATCH_ROWS, TextSource
 from .units import InputFile, Unit, plan_units, unit_documents
@@ -334,7 +344,9 @@ class LLMBatchDatasink(Datasink[str]):
     same objects, see the module docstring); without, the single LLMBATCH file ``path``. ``files``
     (each input file and its first unit) gives the manifest's sources, as the local
     conversion counts them (a record belongs to the file of its first token). With
-    ``num_units``, the commit checks that units ``0 .. num_units - 1`` all arrived.
+    ``num_units``, the commit checks that units ``0 .. num_units - 1`` all arrived. Every
+    output stores its tokens as ``dtype`` (``"uint32"`` or ``"uint16"``, or a dtype code),
+    recorded in the manifest; a token it cannot hold fails the job, naming it.
 
     Use it with the retry arguments it needs::
 
@@ -360,6 +372,7 @@ class LLMBatchDatasink(Datasink[str]):
         max_retries: int = DEFAULT_MAX_RETRIES,
         concurrency: int | None = None,
         inputs: Sequence[str] = (),
+        dtype: DtypeArg = "uint32",
     ) -> None:
         text = os.fspath(path)
         if "://" in text and not is_url(text):
@@ -383,6 +396,9 @@ class LLMBatchDatasink(Datasink[str]):
         self.max_retries = int_arg("max_retries", max_retries, 0)
         self.concurrency = None if concurrency is None else int_arg("concurrency", concurrency, 1)
         self.inputs = tuple(os.fspath(p) for p in inputs)
+        code = token_dtype_code(dtype)
+        self.dtype: int = DTYPE_UINT32 if code is None else code
+        """The dtype code of every output's tokens."""
         if self.url is not None:
             if self.shard_batches is None:
                 raise WriteError(
@@ -684,6 +700,7 @@ class LLMBatchDatasink(Datasink[str]):
             self.seed,
             self._sources(units, records),
             self.overwrite and stage is None,
+            dtype=self.dtype,
         )
         if stage is not None:
             stage.commit()  # the new dataset replaces the old one in one step
@@ -719,6 +736,7 @@ class LLMBatchDatasink(Datasink[str]):
                 self.seed,
                 sources,
                 False,
+                dtype=self.dtype,
             )
             files = {}
             for name in (CHECKSUMS_NAME, MANIFEST_NAME):
@@ -815,6 +833,7 @@ class LLMBatchDatasink(Datasink[str]):
             int(plan["seed"]),
             overwrite=True,  # a retry replaces a file its dead attempt completed
             allow_empty=True,
+            dtype=self.dtype,
         )
         if self.shard_batches is None:
             return {"index": plan["index"], "batches": batches, "shard": "", "checksums": b""}
@@ -994,6 +1013,7 @@ def convert_with_ray(
     max_retries: int = DEFAULT_MAX_RETRIES,
     show_progress: bool = True,
     kind: str | None = None,
+    dtype: str = "auto",
 ) -> ConvertSummary:
     """``convert`` of text sources on a Ray cluster: the same output, byte for byte.
 
@@ -1010,7 +1030,9 @@ def convert_with_ray(
     - ``address``: the cluster to join (``ray.init(address=...)``; default: the one this
       process is connected to, else ``RAY_ADDRESS``, else a new local cluster, shut down at
       the end);
-    - ``max_retries``: per task; ``show_progress``: Ray Data's progress display.
+    - ``max_retries``: per task; ``show_progress``: Ray Data's progress display;
+    - ``dtype``: as ``convert`` takes it; ``"auto"`` decides from the tokenizer's ids before
+      the job starts, as the local engine does, so the output is the same.
 
     Everything is checked before the cluster does any work: sources, tokenizer, options, the
     output, and the parquet files' columns.
@@ -1027,6 +1049,7 @@ def convert_with_ray(
     src = TextSource(
         paths, tokenizer, t, field=text_field, per_line=per_line, mode=mode, pad_id=pad_id
     )
+    plan = plan_dtype(src, dtype)
     if mode == "pad" and pad_id is None:
         pad_id = src.tokenizer.eos_id
     description = src.tokenizer.to_json()
@@ -1044,6 +1067,7 @@ def convert_with_ray(
         allow_empty=allow_empty,
         max_retries=max_retries,
         inputs=src.files,
+        dtype=DTYPE_UINT32 if plan.code is None else plan.code,
     )
     sink.check_target()
     started = not ray.is_initialized()
@@ -1091,7 +1115,7 @@ def convert_with_ray(
             ray.shutdown()
     result = sink.result
     assert result is not None
-    return _summary(src, output, mode, result, b, t, seconds, shard_batches is not None)
+    return _summary(src, output, mode, result, b, t, seconds, shard_batches is not None, plan)
 
 
 def _summary(
@@ -1103,6 +1127,7 @@ def _summary(
     t: int,
     seconds: float,
     sharded: bool,
+    plan: DtypePlan,
 ) -> ConvertSummary:
     """The local conversion's summary, from the sink's counts."""
     c = result.counts
@@ -1136,6 +1161,8 @@ def _summary(
         padding_fraction=float(stats.padding_fraction),
         packing=stats.to_dict(),
         shards=len(result.manifest.shards) if sharded and result.manifest else None,
+        dtype=DTYPE_NAMES[DTYPE_UINT32 if plan.code is None else plan.code],
+        dtype_reason=plan.reason,
     )
 
 

@@ -92,6 +92,22 @@ class CountsTokens(Protocol):
         ...
 
 
+@runtime_checkable
+class TokenInputs(Protocol):
+    """A source of token files that can say what its files store and where a token lies: what
+    ``convert`` needs to choose the output's token dtype and to name a token that does not fit
+    it (``ingest.dtypes``)."""
+
+    def input_dtypes(self) -> list[np.dtype[Any]]:
+        """The dtype of each input file's tokens, as stored, in reading order."""
+        ...
+
+    def locate(self, record: int, token: int) -> str:
+        """Where token ``token`` of record ``record`` of the stream lies: the file and the
+        token's position in it, in words."""
+        ...
+
+
 class SourceFile(Closing):
     """A source file opened for positioned reads (``os.preadv``) into NumPy buffers.
 

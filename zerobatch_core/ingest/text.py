@@ -401,6 +401,17 @@ class TextSource:
         """The input files, in reading order."""
         return list(self._files)
 
+    @property
+    def mode(self) -> Mode:
+        """``pack`` or ``pad``."""
+        return self._mode
+
+    @property
+    def pad_id(self) -> int | None:
+        """The padding id of ``pad`` mode (the tokenizer's EOS unless one was given); ``None``
+        in ``pack`` mode, which never pads."""
+        return self._pad_id if self._mode == "pad" else None
+
     def iter_blocks(self) -> RecordBlocks:
         """Every record, as blocks; ``self.stats`` is this pass's statistics (final at the end)."""
         field, per_line, batch_rows = self._options

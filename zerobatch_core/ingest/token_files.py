@@ -196,6 +196,21 @@ class TokenFileSource:
     def source_tokens(self) -> int:
         return sum(f.num_tokens for f in self.files)
 
+    def input_dtypes(self) -> list[np.dtype[Any]]:
+        """The dtype of each file's tokens, as the file stores them."""
+        return [np.dtype(f.dtype) for f in self.files]
+
+    def locate(self, record: int, token: int) -> str:
+        """The file holding token ``token`` of the stream's record ``record``, and where."""
+        first = 0
+        for f, starts in zip(self.files, self._all_starts(), strict=True):
+            if record < first + starts.size:
+                k = record - first
+                at = int(starts[k]) + token
+                return f"{f.path}: token {at:,} of the file (record {k:,}, token {token})"
+            first += int(starts.size)
+        return f"record {record:,} (past the files' {first:,} records), token {token}"
+
     def drops(self) -> list[Drop]:
         tokens = self.source_tokens - self.num_records * self._seq_len
         if not tokens:

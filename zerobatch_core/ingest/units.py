@@ -168,6 +168,10 @@ class TokenFiles:
             return ArrayFile(path).count_records(self.seq_len)
         return BinShard(path).count_records(self.seq_len, self.align, self.bos_token)
 
+    def dtype(self, path: str) -> np.dtype[Any]:
+        """The dtype of the tokens the file at ``path`` stores (from its header)."""
+        return ArrayFile(path).dtype if self.kind == "npy" else BinShard(path).dtype
+
     def units(self, path: str) -> int:
         """Units of the file at ``path``: ``ceil(records / per_unit)``."""
         return -(-self.records(path) // self.per_unit)

@@ -46,12 +46,15 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 from zerobatch_spec import (
+    DTYPE_NAMES,
+    DTYPE_UINT32,
     HEADER_SIZE,
-    TOKEN_DTYPE,
     U32_MAX,
     Header,
     build_header,
     slot_words,
+    token_dtype,
+    token_max,
 )
 from zerobatch_spec.live import (
     DEFAULT_SEGMENT_SIZE,
@@ -75,6 +78,7 @@ from zerobatch_spec.live import (
 
 from ..arguments import int_arg
 from ..errors import ZeroBatchError
+from ..files.writer import DtypeArg, token_dtype_code
 from ..stores.resolve import open_store
 from ..stores.store import Store, StoreError
 from .cadence import Cadence, make_cadence
@@ -108,13 +112,14 @@ def probe_conditional_create(store: Store) -> None:
         )
 
 
-def encode_batches(batches: npt.NDArray[Any], seed: int = 0) -> bytes:
-    """An LLMBATCH file holding ``batches`` (``[n, batch_size, seq_len]`` uint32), as bytes."""
+def encode_batches(batches: npt.NDArray[Any], seed: int = 0, dtype: int = DTYPE_UINT32) -> bytes:
+    """An LLMBATCH file holding ``batches`` (``[n, batch_size, seq_len]``, every token within
+    the range of dtype code ``dtype``: uint32 by default, or uint16), as bytes."""
     n, b, t = batches.shape
-    words = slot_words(b, t)
-    body = np.zeros((n, words), dtype=TOKEN_DTYPE)
+    words = slot_words(b, t, dtype)
+    body = np.zeros((n, words), dtype=token_dtype(dtype))
     body[:, : b * t] = batches.reshape(n, b * t)
-    header = build_header(Header(b, t, n, seed, n * b))
+    header = build_header(Header(b, t, n, seed, n * b, dtype=dtype))
     return header + body.tobytes()
 
 
@@ -141,6 +146,12 @@ class LiveProducer:
     appends) or a ``live.cadence.Cadence``. ``probe=False`` skips the conditional-create
     probe (for stores already probed).
 
+    ``dtype`` is the token dtype of every batch object (``live.json`` records it): ``"uint32"``
+    or ``"uint16"`` (half the bytes; ids up to 65,535), or a dtype code. ``None`` (the default)
+    takes the dataset's own, and ``"uint32"`` for a dataset it creates. Opening a dataset of
+    another dtype than the one given is refused, naming both; so is appending a token the
+    dtype cannot hold.
+
     >>> run = "s3://bucket/run"
     >>> with LiveProducer(run, "prep-0", batch_size=32, seq_len=512) as p:  # doctest: +SKIP
     ...     for batch in produce(start=p.offset):
@@ -158,15 +169,17 @@ class LiveProducer:
         cadence: Cadence | int | str = "adaptive",
         segment_size: int = DEFAULT_SEGMENT_SIZE,
         probe: bool = True,
+        dtype: DtypeArg | None = None,
     ) -> None:
         self.producer_id = check_producer_id(producer_id)
+        code = None if dtype is None else token_dtype_code(dtype)
         self.store = open_store(dataset)
         self.cadence = make_cadence(cadence)
         self.stats = CommitStats()
         if probe:
             probe_conditional_create(self.store)
         self.descriptor = open_or_create(
-            self.store, batch_size, seq_len, seed, segment_size, producer_id
+            self.store, batch_size, seq_len, seed, segment_size, producer_id, code
         )
         self.chain = ManifestChain(self.store, self.descriptor)
         self.base = self.chain.latest()
@@ -187,13 +200,24 @@ class LiveProducer:
         return self.descriptor.seq_len
 
     @property
+    def dtype(self) -> int:
+        """The dtype code of the dataset's tokens (0: uint32, 1: uint16)."""
+        return self.descriptor.dtype
+
+    @property
+    def token_dtype(self) -> np.dtype[np.unsignedinteger]:
+        """The NumPy dtype of the dataset's tokens."""
+        return token_dtype(self.descriptor.dtype)
+
+    @property
     def pending(self) -> int:
         """Objects appended and not yet committed."""
         return len(self._pending)
 
     def append(self, batches: npt.ArrayLike) -> None:
         """Append global batches (``[batch_size, seq_len]`` or ``[n, batch_size, seq_len]``,
-        token ids below 2**32) as one object, then commit if the cadence says so."""
+        token ids the dataset's dtype holds) as one object, then commit if the cadence says
+        so."""
         if self._closed:
             raise ValueError(f"{self.store.url}: producer {self.producer_id} is closed")
         array = np.asarray(batches)
@@ -204,12 +228,20 @@ class LiveProducer:
             raise ValueError(
                 f"append takes [{b}, {t}] or [n, {b}, {t}] batches, got shape {array.shape}"
             )
-        if array.dtype.kind not in "ui" or (
-            array.size and (int(array.min()) < 0 or int(array.max()) > U32_MAX)
-        ):
-            raise ValueError(f"tokens must be integers in [0, 2**32 - 1], got {array.dtype}")
+        code = self.descriptor.dtype
+        top = token_max(code)
+        limit = "2**32 - 1" if code == DTYPE_UINT32 else f"{top}"
+        if array.dtype.kind not in "ui":
+            raise ValueError(f"tokens must be integers in [0, {limit}], got {array.dtype}")
+        if array.size and (int(array.min()) < 0 or int(array.max()) > top):
+            bad = int(array.min()) if int(array.min()) < 0 else int(array.max())
+            where = [int(x[0]) for x in np.nonzero(array == bad)]
+            raise ValueError(
+                f"tokens must be integers in [0, {limit}] for this {DTYPE_NAMES[code]} live "
+                f"dataset ({self.store.url}); got {bad} at [batch, row, position] {where}"
+            )
         n = array.shape[0]
-        data = encode_batches(array.astype(TOKEN_DTYPE, copy=False))
+        data = encode_batches(array, dtype=code)
         key = batch_name(self.producer_id, self.offset, secrets.token_hex(8))
         self.store.write(key, data)
         slot = (len(data) - HEADER_SIZE) // n
@@ -389,8 +421,13 @@ def open_or_create(
     seed: int,
     segment_size: int,
     writer: str,
+    dtype: int | None = None,
 ) -> Descriptor:
-    """The dataset's descriptor, creating the dataset (descriptor and version 0) if needed."""
+    """The dataset's descriptor, creating the dataset (descriptor and version 0) if needed.
+
+    ``dtype`` (a dtype code) is the new dataset's, uint32 when ``None``; an existing dataset
+    of another dtype is refused, naming both.
+    """
     try:
         data = store.read(DESCRIPTOR_NAME)
     except FileNotFoundError:
@@ -405,6 +442,7 @@ def open_or_create(
             int_arg("seed", seed, 0, 2**64 - 1),
             secrets.token_hex(16),
             int_arg("segment_size", segment_size, 1, 1 << 20),
+            DTYPE_UINT32 if dtype is None else dtype,
         )
         if store.create(DESCRIPTOR_NAME, build_descriptor(created)):
             zero = empty_manifest(created, writer, secrets.token_hex(8))
@@ -425,6 +463,12 @@ def open_or_create(
         raise LiveError(
             f"{store.where(DESCRIPTOR_NAME)}: the live dataset holds [{found.batch_size}, "
             f"{found.seq_len}] batches, not {list(want)}"
+        )
+    if dtype is not None and dtype != found.dtype:
+        raise LiveError(
+            f"{store.where(DESCRIPTOR_NAME)}: the live dataset holds {DTYPE_NAMES[found.dtype]} "
+            f"tokens, not {DTYPE_NAMES[dtype]}: every batch object of a live dataset has its "
+            "dtype (open it without a dtype, or with its own)"
         )
     return found
 

@@ -10,8 +10,10 @@ answered by two kinds of small JSON objects beside the batches, under
 ``producer.json``
     The producer's configuration, created once with a conditional create: the inputs (path,
     format, size, unit count), the tokenizer's JSON description, packing mode and ids, shape,
-    seed, the share (``producers``, ``index``) and the object sizes. A restart under the same id
-    with anything else is refused, naming what differs, before anything is appended.
+    seed, the share (``producers``, ``index``), the object sizes and the token dtype
+    (``"dtype"``: ``"uint16"`` or ``"uint32"``; a record written before dtypes existed has
+    none, and stands for the dtype of its dataset). A restart under the same id with anything
+    else is refused, naming what differs, before anything is appended.
 ``<end>.json`` (20 digits)
     One per batch object, written before the object is appended: the object's stream offsets
     ``[first, end)``, the origin of each of its rows (epoch, unit, document within the unit,
@@ -29,11 +31,13 @@ DOMAIN_UNITS)`` (section 6's bijection over the share).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+from zerobatch_spec import DTYPE_NAMES
 from zerobatch_spec.live import check_producer_id
 from zerobatch_spec.shuffle import epoch_key, permute_array
 
@@ -150,6 +154,9 @@ class ProducerRecord:
     batch_size: int
     seed: int
     batches_per_object: int
+    dtype: str | None = None
+    """The token dtype of the batches, ``"uint16"`` or ``"uint32"`` (``None``: a record
+    written before dtypes were recorded, which ``produce`` reads as its dataset's dtype)."""
 
     @property
     def units(self) -> int:
@@ -205,6 +212,8 @@ class ProducerRecord:
             "seed": self.seed,
             "batches_per_object": self.batches_per_object,
         }
+        if self.dtype is not None:
+            doc["dtype"] = self.dtype
         return (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode()
 
     @classmethod
@@ -240,6 +249,7 @@ class ProducerRecord:
             batch_size=f.integer("batch_size", 1),
             seed=f.integer("seed"),
             batches_per_object=f.integer("batches_per_object", 1),
+            dtype=f.optional_choice("dtype", DTYPE_NAMES.values()),
         )
         if record.index >= record.producers:
             raise ProductionError(
@@ -431,6 +441,19 @@ class _Fields:
         if not low <= value < 2**64:
             raise ProductionError(f"{self.where}: field {key!r} is {value}, not in [{low}, 2**64)")
         return int(value)
+
+    def optional_choice(self, key: str, choices: Iterable[str]) -> str | None:
+        """An optional string field that must be one of ``choices`` (``None`` when absent)."""
+        if key not in self.doc:
+            return None
+        value = self.get(key, str)
+        allowed = list(choices)
+        if value not in allowed:
+            raise ProductionError(
+                f"{self.where}: field {key!r} is {value!r}, not one of "
+                f"{', '.join(map(repr, allowed))}"
+            )
+        return str(value)
 
     def optional_int(self, key: str) -> int | None:
         if self.doc.get(key, 0) is None:

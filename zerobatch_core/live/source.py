@@ -16,7 +16,9 @@ the newest at open from its predecessor. A crafted or mistaken version raises ``
 at once when the source would need it (never after waiting out the timeout); the batches of
 the versions already accepted are still served. Reads are ``RemoteSource``'s:
 byte ranges of just the rank's share, prefetched within ``prefetch_bytes`` (committed batches
-only), each whole-slot fetch checked against the checksum its entry lists.
+only), each whole-slot fetch checked against the checksum its entry lists. Every batch object
+has the token dtype the descriptor records (``live.json``'s ``dtype``: uint32 unless it says
+uint16); an object whose header says otherwise is refused (``shard_header_mismatch``).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class LiveSource(RemoteSource):
             )
         self.descriptor: Descriptor = found
         self.content_tag = f"live {found.dataset_id}"
-        self._shape = (found.batch_size, found.seq_len, found.seed)
+        self._set_shape(found.batch_size, found.seq_len, found.seed, found.dtype)
         self.path = self.store.url
         self.chain = ManifestChain(self.store, found)
         self.current: LiveManifest = self.chain.latest()

@@ -54,7 +54,11 @@ class HFTokenizer:
         lookup = self._tok.token_to_id
         self.bos_id: int = _special_id(lookup, bos, "BOS", name)
         self.eos_id: int | None = None if eos is None else _special_id(lookup, eos, "EOS", name)
-        self.vocab_size: int = int(self._tok.get_vocab_size(with_added_tokens=True))
+        # One more than the largest id, added and special tokens included: a model's ids need
+        # not be dense, so the count alone could understate it (``protocol.Tokenizer``).
+        ids = self._tok.get_vocab(with_added_tokens=True).values()
+        count = int(self._tok.get_vocab_size(with_added_tokens=True))
+        self.vocab_size: int = max(count, 1 + max(ids, default=-1))
         self._encode: Any = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
 
     @classmethod
