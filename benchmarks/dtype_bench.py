@@ -37,7 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import MIB, scratch_dir, settle, warm
+from benchmarks._common import scratch_dir, settle, warm
+from benchmarks.dataset_bench import _baseline
 
 VOCAB = 50_257
 """GPT-2's vocabulary: every id fits in uint16."""
@@ -81,19 +82,6 @@ def _write_datasets(directory: Path, records: int, seq_len: int, shard: int) -> 
         )
         out[dtype] = path
     return out
-
-
-def _baseline() -> dict[str, float]:
-    """memcpy of 64 MiB in this process: the machine's own memory rate."""
-    big = np.random.default_rng(0).integers(0, 2**32, size=64 * MIB // 4, dtype=np.uint32)
-    dst = np.empty_like(big)
-    np.copyto(dst, big)
-    times = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        np.copyto(dst, big)
-        times.append(time.perf_counter() - t0)
-    return {"memcpy_GBps": big.nbytes / statistics.median(times) / 1e9}
 
 
 def _check_equal(paths: dict[str, Path]) -> None:

@@ -21,7 +21,15 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from .layout import DTYPE_NAMES, DTYPE_UINT32, HEADER_SIZE, U32_MAX, U64_MAX, expected_file_size
+from .layout import (
+    DEFINED_DTYPES,
+    DTYPE_UINT32,
+    HEADER_SIZE,
+    U32_MAX,
+    U64_MAX,
+    dtype_field,
+    expected_file_size,
+)
 from .shuffle import GOLDEN_GAMMA, MASK64, mix64, permute, permute_array
 
 MANIFEST_NAME: Final = "manifest.json"
@@ -352,19 +360,16 @@ def _parse(data: bytes) -> Manifest:
     return Manifest(batch_size, seq_len, seed, shards, digest, sources, extra, dtype)
 
 
-def _dtype(obj: dict[str, Any], where: str = "") -> int:
+def _dtype(obj: dict[str, Any]) -> int:
     """The optional ``dtype`` field: a defined token dtype code, 0 (uint32) when absent."""
-    if "dtype" not in obj:
-        return DTYPE_UINT32
-    value = obj["dtype"]
-    if isinstance(value, bool) or not isinstance(value, int) or value not in DTYPE_NAMES:
-        codes = ", ".join(f"{c} ({n})" for c, n in DTYPE_NAMES.items())
+    code = dtype_field(obj)
+    if code is None:
         raise _ManifestError(
             DatasetCode.MANIFEST_BAD_FIELD,
-            f"{where}dtype",
-            f"expected a token dtype code ({codes}), found {value!r:.60}",
+            "dtype",
+            f"expected a token dtype code ({DEFINED_DTYPES}), found {obj['dtype']!r:.60}",
         )
-    return value
+    return code
 
 
 def parse_manifest(data: bytes) -> Manifest | DatasetViolation:

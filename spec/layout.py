@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct as _struct
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 from construct import Bytes, Default, Int32ul, Int64ul, Struct
@@ -119,7 +119,8 @@ def _unpacker(struct: Struct) -> _struct.Struct:
 
 _UNPACK: Final = _unpacker(HEADER_STRUCT)
 
-_CODES: Final = ", ".join(f"{code} ({name})" for code, name in DTYPE_NAMES.items())
+DEFINED_DTYPES: Final = ", ".join(f"{code} ({name})" for code, name in DTYPE_NAMES.items())
+"""The defined dtype codes and their names, as messages list them: ``0 (uint32), 1 (uint16)``."""
 
 
 def token_dtype(dtype: int = DTYPE_UINT32) -> np.dtype[np.unsignedinteger]:
@@ -127,7 +128,7 @@ def token_dtype(dtype: int = DTYPE_UINT32) -> np.dtype[np.unsignedinteger]:
     exact = isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool)
     if exact and int(dtype) in TOKEN_DTYPES:  # not True or 1.0, which equal 1 too
         return TOKEN_DTYPES[int(dtype)]
-    raise ValueError(f"dtype code {dtype!r} is not defined (defined: {_CODES})")
+    raise ValueError(f"dtype code {dtype!r} is not defined (defined: {DEFINED_DTYPES})")
 
 
 def token_bytes(dtype: int = DTYPE_UINT32) -> int:
@@ -147,6 +148,17 @@ def dtype_code(name: str) -> int:
             return code
     names = ", ".join(map(repr, DTYPE_NAMES.values()))
     raise ValueError(f"token dtype must be one of {names}, got {name!r}")
+
+
+def dtype_field(obj: dict[str, Any]) -> int | None:
+    """The optional ``"dtype"`` member of a manifest or a live descriptor: its code (0 when
+    absent), or ``None`` when it is anything but the JSON integer of a defined code."""
+    if "dtype" not in obj:
+        return DTYPE_UINT32
+    value = obj["dtype"]
+    if isinstance(value, bool) or not isinstance(value, int) or value not in DTYPE_NAMES:
+        return None
+    return value
 
 
 def raw_batch_bytes(batch_size: int, seq_len: int, dtype: int = DTYPE_UINT32) -> int:

@@ -26,7 +26,7 @@ from enum import Enum
 from typing import Any, Final
 
 from .dataset import _json_constant, _json_int, _json_object
-from .layout import DTYPE_NAMES, DTYPE_UINT32, U32_MAX, U64_MAX, expected_file_size
+from .layout import DEFINED_DTYPES, DTYPE_UINT32, U32_MAX, U64_MAX, dtype_field, expected_file_size
 
 DESCRIPTOR_NAME: Final = "live.json"
 MANIFESTS_PREFIX: Final = "manifests/"
@@ -364,17 +364,14 @@ def _descriptor(obj: dict[str, Any]) -> Descriptor:
 
 def _dtype(obj: dict[str, Any]) -> int:
     """The optional ``dtype`` field: a defined token dtype code, 0 (uint32) when absent."""
-    if "dtype" not in obj:
-        return DTYPE_UINT32
-    value = obj["dtype"]
-    if isinstance(value, bool) or not isinstance(value, int) or value not in DTYPE_NAMES:
-        codes = ", ".join(f"{c} ({n})" for c, n in DTYPE_NAMES.items())
+    code = dtype_field(obj)
+    if code is None:
         raise _FailError(
             LiveCode.BAD_FIELD,
             "dtype",
-            f"expected a token dtype code ({codes}), found {value!r:.60}",
+            f"expected a token dtype code ({DEFINED_DTYPES}), found {obj['dtype']!r:.60}",
         )
-    return value
+    return code
 
 
 def parse_descriptor(data: bytes) -> Descriptor | LiveViolation:

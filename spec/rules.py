@@ -11,7 +11,7 @@ from enum import Enum
 from typing import Final
 
 from .layout import (
-    DTYPE_NAMES,
+    DEFINED_DTYPES,
     HEADER_SIZE,
     MAGIC,
     RESERVED_OFFSET,
@@ -56,9 +56,6 @@ RULES: Final = (
     ErrorCode.RECORD_COUNT_MISMATCH,
 )
 """Header and size rules, in the order they are checked (``NONZERO_PADDING`` is deep-only)."""
-
-
-_DEFINED: Final = ", ".join(f"{code} ({name})" for code, name in DTYPE_NAMES.items())
 
 
 @dataclass(frozen=True)
@@ -107,7 +104,7 @@ def check_header(prefix: bytes, file_size: int) -> Header | Violation:
         return Violation(
             ErrorCode.UNSUPPORTED_DTYPE,
             "dtype",
-            f"expected one of {_DEFINED}, found {header.dtype}",
+            f"expected one of {DEFINED_DTYPES}, found {header.dtype}",
         )
     if header.batch_size == 0 or header.seq_len == 0:
         which = "batch_size" if header.batch_size == 0 else "seq_len"

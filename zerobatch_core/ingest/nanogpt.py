@@ -80,7 +80,7 @@ import numpy.typing as npt
 
 from ..arguments import U32_MAX, int_arg
 from ..errors import IngestError
-from .records import I64Array, bos_record_starts, gather_records
+from .records import I64Array, bos_record_starts, gather_records, locate_record
 from .source import (
     Drop,
     PathLike,
@@ -558,18 +558,15 @@ class NanoGPTSource:
     def locate(self, record: int, token: int) -> str:
         """The shard holding token ``token`` of the stream's record ``record``, and the
         token's position in the shard (an error path: BOS-aligned starts may be recomputed)."""
-        first = 0
         t, mode, bos = self._seq_len, self.align, self.bos_token
-        for i, s in enumerate(self._shards):
-            shard = _open(s, self.use_bos_index)
-            cached = None if self._starts is None else self._starts[i]
-            starts = shard.record_starts(t, mode, bos) if cached is None else cached
-            if record < first + starts.size:
-                k = record - first
-                at = int(starts[k]) + token
-                return f"{shard.path}: token {at:,} of the shard (record {k:,}, token {token})"
-            first += int(starts.size)
-        return f"record {record:,} (past the shards' {first:,} records), token {token}"
+
+        def files() -> Iterator[tuple[str, I64Array]]:
+            for i, s in enumerate(self._shards):
+                shard = _open(s, self.use_bos_index)
+                cached = None if self._starts is None else self._starts[i]
+                yield shard.path, shard.record_starts(t, mode, bos) if cached is None else cached
+
+        return locate_record(files(), record, token, "shard")
 
     def drops(self) -> list[Drop]:
         """Shard tokens that no record holds, and why (see the module docstring)."""

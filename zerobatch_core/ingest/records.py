@@ -6,7 +6,7 @@ token files (``token_files.py``, their documents' starts).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,20 @@ from numpy.lib.stride_tricks import sliding_window_view
 from .source import U32Block
 
 I64Array = npt.NDArray[np.int64]
+
+
+def locate_record(files: Iterable[tuple[str, I64Array]], record: int, token: int, what: str) -> str:
+    """Where token ``token`` of record ``record`` of a stream lies: the file and the token's
+    position there. ``files`` are each file's path and record starts, in stream order; ``what``
+    names a file in the message (``"shard"``, ``"file"``). For error messages."""
+    first = 0
+    for path, starts in files:
+        if record < first + starts.size:
+            k = record - first
+            at = int(starts[k]) + token
+            return f"{path}: token {at:,} of the {what} (record {k:,}, token {token})"
+        first += int(starts.size)
+    return f"record {record:,} (past the {what}s' {first:,} records), token {token}"
 
 
 def bos_record_starts(bos: I64Array, seq_len: int, num_tokens: int) -> I64Array:

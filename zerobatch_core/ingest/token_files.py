@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from ..arguments import U32_MAX
 from ..errors import IngestError
-from .records import I64Array, bos_record_starts, gather_records
+from .records import I64Array, bos_record_starts, gather_records, locate_record
 from .source import Drop, U32Block, check_chunk_records, check_seq_len
 
 Layout = Literal["contiguous", "documents"]
@@ -202,14 +202,8 @@ class TokenFileSource:
 
     def locate(self, record: int, token: int) -> str:
         """The file holding token ``token`` of the stream's record ``record``, and where."""
-        first = 0
-        for f, starts in zip(self.files, self._all_starts(), strict=True):
-            if record < first + starts.size:
-                k = record - first
-                at = int(starts[k]) + token
-                return f"{f.path}: token {at:,} of the file (record {k:,}, token {token})"
-            first += int(starts.size)
-        return f"record {record:,} (past the files' {first:,} records), token {token}"
+        paths = (f.path for f in self.files)
+        return locate_record(zip(paths, self._all_starts(), strict=True), record, token, "file")
 
     def drops(self) -> list[Drop]:
         tokens = self.source_tokens - self.num_records * self._seq_len
