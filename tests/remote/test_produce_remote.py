@@ -144,8 +144,8 @@ def test_a_restart_with_another_tokenizer_or_seq_len_is_refused(
     hf = require("tokenizers")
     spec = train_bpe(hf, texts[:50], tmp_path / "tok.json", "<s>", vocab_size=300)
     for change, message in (
-        (["--tokenizer", spec], "tokenizer 'byte' (now 'hf:"),
-        (["--seq-len", str(2 * T)], "seq-len 64 (now 128)"),
+        (["--tokenizer", spec], "--tokenizer byte (now 'hf:"),
+        (["--seq-len", str(2 * T)], "--seq-len 64 (now 128)"),
     ):
         args = [pattern, url, "--producer-id", "p0", "--producers", "3", "--index", "0"]
         flags = [*FLAGS, *change] if change[0] != "--seq-len" else [*FLAGS[2:], *change]

@@ -134,10 +134,10 @@ def test_a_restart_with_another_configuration_is_refused(
     spec = train_bpe(hf, ["alpha beta gamma"] * 20, tmp_path / "tok.json", "<s>", vocab_size=300)
     version = LiveSource(url).current.version
     changes: list[tuple[dict[str, Any], str]] = [
-        ({"tokenizer": spec}, "tokenizer 'byte' \\(now 'hf:"),
-        ({"seq_len": 2 * T}, "seq_len 32 \\(now 64\\)"),
-        ({"producers": 3}, "producers 2 \\(now 3\\)"),
-        ({"seed": 1}, "seed 0 \\(now 1\\)"),
+        ({"tokenizer": spec}, "tokenizer='byte' \\(now 'hf:"),
+        ({"seq_len": 2 * T}, "seq_len=32 \\(now 64\\)"),
+        ({"producers": 3}, "producers=2 \\(now 3\\)"),
+        ({"seed": 1}, "seed=0 \\(now 1\\)"),
         ({"text_field": "body"}, "no column 'body'"),
     ]
     for change, message in changes:

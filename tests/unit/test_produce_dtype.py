@@ -69,7 +69,7 @@ def test_a_restart_with_another_dtype_is_refused_naming_it(
     path, _ = corpus
     url = str(tmp_path / "live")
     produce(path, url, producer_id="p0", epochs=1, **ARGS)
-    with pytest.raises(ProduceError, match=r"dtype 'uint16' \(now 'uint32'\)"):
+    with pytest.raises(ProduceError, match=r"dtype='uint16' \(now 'uint32'\)"):
         produce(path, url, producer_id="p0", epochs=1, dtype="uint32", **ARGS)
     summary = produce(path, url, producer_id="p0", epochs=1, dtype="uint16", **ARGS)
     assert summary.finished and summary.batches == 0  # resumed where it ended: nothing left
@@ -86,7 +86,7 @@ def test_a_record_without_a_dtype_stands_for_its_datasets(
     old = json.loads(key.read_bytes())
     del old["dtype"]  # as producers wrote it before dtypes were recorded
     key.write_text(json.dumps(old, indent=1) + "\n")
-    with pytest.raises(ProduceError, match=r"dtype 'uint32' \(now 'uint16'\)"):
+    with pytest.raises(ProduceError, match=r"dtype='uint32' \(now 'uint16'\)"):
         produce(path, url, producer_id="p0", epochs=1, dtype="uint16", **ARGS)
     resumed = produce(path, url, producer_id="p0", epochs=1, **ARGS)  # auto: the dataset's
     assert resumed.finished and resumed.dtype == "uint32" and resumed.resumed_at > 0
@@ -177,3 +177,42 @@ def test_a_record_with_an_unknown_dtype_is_refused_naming_the_field() -> None:
         ProducerRecord.from_json(json.dumps(data).encode(), "x")
     del data["dtype"]
     assert ProducerRecord.from_json(json.dumps(data).encode(), "x").dtype is None
+
+
+@pytest.mark.parametrize(
+    ("change", "shown"),
+    [
+        (["--dtype", "uint32"], "--dtype uint16 (now 'uint32')"),
+        (["--seed", "7"], "--seed 0 (now 7)"),
+        (["--seq-len", str(2 * T)], f"--seq-len {T} (now {2 * T})"),
+    ],
+)
+def test_the_command_line_names_the_flag_a_restart_changes_and_exits_2(
+    corpus: tuple[str, list[str]],
+    tmp_path: Path,
+    change: list[str],
+    shown: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from zerobatch_core.cli.main import main
+
+    path, _ = corpus
+    url = str(tmp_path / "live")
+    base = [
+        "produce", path, url, "--producer-id", "p0", "--seq-len", str(T),
+        "--batch-size", str(B), "--pad-id", str(PAD), "--epochs", "1",
+    ]  # fmt: skip
+    assert status(main, base) == 0
+    again = [*base, *change] if change[0] != "--seq-len" else [*base[:5], *base[7:], *change]
+    capsys.readouterr()
+    assert status(main, again) == 2
+    err = capsys.readouterr().err
+    assert "producer p0 was started with another configuration" in err and shown in err
+
+
+def status(main: Any, argv: list[str]) -> int:
+    """``main``'s exit status, returned or raised."""
+    try:
+        return int(main(argv))
+    except SystemExit as e:
+        return int(e.code or 0)

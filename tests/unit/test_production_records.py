@@ -89,8 +89,8 @@ def test_records_round_trip_and_differences_name_each_field(tmp_path: Path) -> N
     other = replace(RECORD, seq_len=128, tokenizer="hf:x.json")
     assert create_record(store, other) == RECORD  # the first one stays
     assert RECORD.differences(other) == [
-        "tokenizer 'byte' (now 'hf:x.json')",
-        "seq_len 64 (now 128)",
+        "tokenizer='byte' (now 'hf:x.json')",
+        "seq_len=64 (now 128)",
     ]
     same_name = replace(RECORD, tokenizer_xxh3="fedcba9876543210")
     assert RECORD.differences(same_name) == [

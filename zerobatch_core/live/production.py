@@ -270,8 +270,8 @@ class ProducerRecord:
             elif name == "tokenizer_xxh3":
                 if self.tokenizer == other.tokenizer:
                     out.append(f"tokenizer {self.tokenizer!r} (now another tokenizer of that name)")
-            else:
-                out.append(f"{name} {mine!r} (now {theirs!r})")
+            else:  # ``name=value``: the command line shows it as its flag (``--seed 0``)
+                out.append(f"{name}={mine!r} (now {theirs!r})")
         return out
 
 
