@@ -69,9 +69,9 @@ tokens to a 4-byte dtype): a 2 MiB chunk stays in the core's L2 cache for the ca
 Measured on a 2-core machine (2 MiB of L2 a core), summing every token of ``[32, 512]`` int32
 batches of a cached 102 MB uint16 file, against int32 views of the uint32 file of the same
 tokens: 2 MiB chunks 0.95x, 4 MiB 0.94x, 1 MiB 0.92x (256 KiB 0.6x). Widening on another
-thread measured 0.3-0.75x (a ring of chunk buffers, or each chunk split between two threads:
+thread measured 0.2-0.9x (a ring of chunk buffers, or each chunk split between two threads:
 the hand-overs of the interpreter lock cost more than the widening), and 0.6x on the stage's
-thread of the int64 path."""
+thread of the int64 path (``benchmarks/widening_designs.py``)."""
 CALLER_CHUNK_STEPS = 32
 """Steps per chunk at most when the caller's thread converts (small steps: bounded latency)."""
 
