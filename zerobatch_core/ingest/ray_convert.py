@@ -26,10 +26,11 @@ The Datasink (:class:`LLMBatchDatasink`)
     stream (the sum of the lengths before it), cuts the stream into records of ``seq_len``
     tokens and the records into outputs by the local writer's rule (shard ``i`` holds records
     ``[i * shard_batches * batch_size, ...)``, permuted with ``shard_seed(seed, i)``), writes
-    the outputs in parallel in a second Ray Data write (a task per shard, each reading its
-    token range from the segments), then writes ``checksums.xxh3`` and, last,
-    ``manifest.json``, and removes the work directory. A job that fails removes the shards and
-    segments it wrote and never writes a manifest.
+    the outputs in parallel in Ray tasks (one per shard, each reading its token range from the
+    segments), then writes ``checksums.xxh3`` and, last, ``manifest.json``, and removes the
+    work directory. A job that fails removes the shards and segments it wrote, once every
+    output task has ended (so that no put still in flight lands after the deletion), and never
+    writes a manifest.
 
 Determinism, and what is byte-identical to ``zerobatch convert``
     For the same input files (named in the same order), tokenizer, mode, ``pad_id``,
@@ -785,18 +786,35 @@ class LLMBatchDatasink(Datasink[str]):
         ]
 
     def _write_outputs(self, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Write every planned output in a Ray Data write of its own (one task per output, the
-        same retries as the segments' write tasks); the results in plan order."""
+        """Write every planned output in a Ray task of its own (at most ``concurrency`` at a
+        time, the same retries as the segments' write tasks); the results in plan order.
+
+        When one fails for good, every other task is let finish (its last retry included)
+        before the error reaches the caller, who then deletes the outputs: a put still in flight
+        would otherwise land after the deletion and leave a shard no manifest names.
+        """
         if not plans:
             return []
-        items = [{"plan": json.dumps(p)} for p in plans]
-        outputs = _OutputsDatasink(self)
-        ray.data.from_items(items, override_num_blocks=len(items)).write_datasink(
-            outputs,
-            ray_remote_args={"num_cpus": 1, **self._retry_args()},
-            concurrency=None if self.concurrency is None else min(self.concurrency, len(plans)),
-        )
-        rows = sorted(outputs.results, key=lambda r: int(r["index"]))
+        task = ray.remote(num_cpus=1, **self._retry_args())(_write_output)
+        window = len(plans) if self.concurrency is None else min(self.concurrency, len(plans))
+        pending: list[ray.ObjectRef[dict[str, Any]]] = []
+        rows: list[dict[str, Any]] = []
+        try:
+            for plan in plans:
+                if len(pending) >= max(1, window):
+                    done, pending = ray.wait(pending, num_returns=1)
+                    rows.extend(ray.get(done))
+                pending.append(task.remote(self, plan))
+            rows.extend(ray.get(pending))
+            pending = []
+        except BaseException as e:
+            if not isinstance(e, Exception):  # interrupted: stop the tasks rather than wait
+                for ref in pending:
+                    ray.cancel(ref, force=True)
+            if pending:
+                ray.wait(pending, num_returns=len(pending))
+            raise
+        rows.sort(key=lambda r: int(r["index"]))
         if [int(r["index"]) for r in rows] != list(range(len(plans))):
             raise WriteError(
                 f"{self.path}: the output tasks returned {len(rows)} results for "
@@ -909,24 +927,9 @@ class LLMBatchDatasink(Datasink[str]):
         self._planned = []
 
 
-class _OutputsDatasink(Datasink[list[dict[str, Any]]]):
-    """The second write of an :class:`LLMBatchDatasink`: rows of output plans (JSON), each
-    written by ``owner.write_output`` in a write task; the results kept for the commit."""
-
-    def __init__(self, owner: LLMBatchDatasink) -> None:
-        self.owner = owner
-        self.results: list[dict[str, Any]] = []
-
-    def write(self, blocks: Iterable[Block], ctx: TaskContext) -> list[dict[str, Any]]:
-        plans = [
-            json.loads(p)
-            for block in blocks
-            for p in BlockAccessor.for_block(block).to_arrow().column("plan").to_pylist()
-        ]
-        return [self.owner.write_output(plan) for plan in plans]
-
-    def on_write_complete(self, write_result: WriteResult[list[dict[str, Any]]]) -> None:
-        self.results = [r for task in write_result.write_returns for r in task]
+def _write_output(sink: LLMBatchDatasink, plan: dict[str, Any]) -> dict[str, Any]:
+    """The Ray task of one planned output: ``sink.write_output(plan)``."""
+    return sink.write_output(plan)
 
 
 def _shard_json(shard: Shard) -> str:
