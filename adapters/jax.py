@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import jax
 import numpy as np
 from jax.sharding import Sharding
-from zerobatch_spec import DTYPE_UINT16, TOKEN_DTYPE, token_dtype
+from zerobatch_spec import TOKEN_DTYPE
 
 from zerobatch_core import (
     BatchSource,
@@ -72,6 +72,7 @@ from zerobatch_core import (
     resolve_rank_world,
 )
 from zerobatch_core.delivery.loader import LabelDType
+from zerobatch_core.delivery.stream import NARROW_TOKEN_DTYPE
 
 from .jax_sharding import (
     CONTEXT_AXIS,
@@ -116,9 +117,6 @@ class DocumentBatch(TypedDict, total=False):
     positions: jax.Array
     cu_seqlens: np.ndarray[Any, np.dtype[np.int32]]
 
-
-NARROW_DTYPE = token_dtype(DTYPE_UINT16)
-"""The stored token dtype that crosses to the devices as it is and is widened there."""
 
 # Typed name for a JAX entry point that is unannotated in JAX itself.
 _make_array: Callable[[Sharding, np.ndarray[Any, Any], tuple[int, ...]], jax.Array] = (
@@ -202,7 +200,7 @@ class JaxBatchIterator(BatchStream[Any]):
     ) -> tuple[OutputDType, LabelDType]:
         """uint16 tokens and labels as stored (the devices widen them); otherwise ``dtype``
         and int64 labels, converted on the host."""
-        if np.dtype(token_dtype) == NARROW_DTYPE:
+        if np.dtype(token_dtype) == NARROW_TOKEN_DTYPE:
             return "native", "native"
         return dtype, "int64"
 
@@ -274,11 +272,11 @@ class JaxBatchIterator(BatchStream[Any]):
             return _host
         dtype = np.dtype(self.dtype)
         sharding, shape = self.sharding, self.global_shape
-        widen = self._widener() if self.loader.token_dtype == NARROW_DTYPE else None
+        widen = self._widener() if self.loader.token_dtype == NARROW_TOKEN_DTYPE else None
 
         def to_devices(local_block: np.ndarray[Any, Any]) -> jax.Array:
             # One global array from this process's block: each device gets its part, once.
-            if widen is not None and local_block.dtype == NARROW_DTYPE:  # crosses as stored
+            if widen is not None and local_block.dtype == NARROW_TOKEN_DTYPE:  # crosses as stored
                 return widen(_make_array(sharding, local_block, shape))
             return _make_array(sharding, local_block.astype(dtype, copy=False), shape)
 

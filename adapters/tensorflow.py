@@ -53,12 +53,10 @@ import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
 from zerobatch_spec import (
-    DTYPE_UINT16,
     U64_MAX,
     batch_offset,
     dtype_code,
     padded_batch_bytes,
-    token_dtype,
 )
 
 from zerobatch_core import (
@@ -71,6 +69,7 @@ from zerobatch_core import (
     StreamOptions,
     int_arg,
 )
+from zerobatch_core.delivery.stream import NARROW_TOKEN_DTYPE
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -78,9 +77,6 @@ if TYPE_CHECKING:
 __all__ = ["TFBatchDataset", "tf_dataset"]
 
 _TF_DTYPES: dict[str, Any] = {"int32": tf.int32, "int64": tf.int64}
-
-NARROW_DTYPE = token_dtype(DTYPE_UINT16)
-"""The stored token dtype decoded as ``tf.uint16`` (uint32 tokens decode as their int32 bits)."""
 
 
 class TFBatchDataset(BatchStream[Any]):
@@ -217,7 +213,7 @@ class TFBatchDataset(BatchStream[Any]):
         next_token, out_dtype = loader.next_token, _TF_DTYPES[self.dtype]
         files, slot_bytes, locate = _slot_locator(source)
         # decode_raw has no uint32: uint32 tokens are read as int32 (the same bits).
-        stored = tf.uint16 if source.token_dtype == NARROW_DTYPE else tf.int32
+        stored = tf.uint16 if source.token_dtype == NARROW_TOKEN_DTYPE else tf.int32
 
         def slot_ranges(index: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
             """``[spans, 3]``: the file, and its bytes before and after, of each span of slots

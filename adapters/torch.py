@@ -64,7 +64,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
-from zerobatch_spec import DTYPE_UINT16, TOKEN_DTYPE, U32_MAX, token_dtype
+from zerobatch_spec import TOKEN_DTYPE, U32_MAX
 
 from zerobatch_core import (
     BatchStream,
@@ -75,6 +75,7 @@ from zerobatch_core import (
     int_arg,
 )
 from zerobatch_core.delivery.loader import LabelDType
+from zerobatch_core.delivery.stream import NARROW_TOKEN_DTYPE
 
 from .torch_transfer import READONLY_PROBE, StagingRing, ignore_readonly_warning, ship
 
@@ -120,9 +121,6 @@ DocumentBatch = dict[str, torch.Tensor]
 
 TorchItem = torch.Tensor | NextTokenBatch | DocumentBatch
 
-NARROW_DTYPE = token_dtype(DTYPE_UINT16)
-"""The stored token dtype that crosses to a device as it is (``torch.uint16``) and is widened
-there; uint32 tokens cross as their int32 bits instead (PyTorch has no general uint32)."""
 
 _TORCH_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 
@@ -327,7 +325,7 @@ class TorchBatchLoader(_TorchStream):
         """The fields the device widens, and to what: every token field of a uint16 file; int64
         tokens (``dtype="int64"``) and labels of a uint32 file, whose int32 bits cross."""
         out = _TORCH_DTYPES[self.dtype]
-        if self.token_dtype == NARROW_DTYPE:
+        if self.token_dtype == NARROW_TOKEN_DTYPE:
             return {"tokens": out, "inputs": out, "labels": torch.int64}
         wide = {"labels": torch.int64}
         if self.dtype == "int64":
@@ -341,7 +339,7 @@ class TorchBatchLoader(_TorchStream):
         host (uint16 as they are; uint32 as int32 views, labels as the uint32 tokens)."""
         if self.device is None:
             return dtype, "int64"
-        if np.dtype(token_dtype) == NARROW_DTYPE:
+        if np.dtype(token_dtype) == NARROW_TOKEN_DTYPE:
             return "native", "native"
         return "int32", "uint32"
 

@@ -42,7 +42,7 @@ from typing import Any, ClassVar, Generic, Literal, NamedTuple, TypedDict, TypeV
 
 import numpy as np
 import numpy.typing as npt
-from zerobatch_spec import TOKEN_DTYPE
+from zerobatch_spec import DTYPE_UINT16, TOKEN_DTYPE, token_dtype
 
 from ..arguments import int_arg
 from ..closing import Closing
@@ -66,6 +66,10 @@ from .slicing import Slicing
 from .sources import BatchSource, open_reader, source_token_dtype
 
 T = TypeVar("T")
+
+NARROW_TOKEN_DTYPE = token_dtype(DTYPE_UINT16)
+"""Stored tokens narrower than uint32 (dtype 1, uint16): what an adapter that widens on a
+device takes from the host as they are (``_host_dtypes``), half the bytes of a uint32 view."""
 Array = npt.NDArray[Any]
 Converter = Callable[[Array], Any]
 Stage = Literal["thread", "caller"]
