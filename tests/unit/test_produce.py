@@ -110,6 +110,7 @@ def test_stopped_and_crashed_restarts_give_the_uninterrupted_stream(
                     raise CrashError
 
             kw: dict[str, Any] = {"stop": stop} if runs % 2 else {"on_commit": crash}
+            kw["cadence"] = 1  # a commit per object: where crashes land is the seed's alone
             try:
                 summary = produce(
                     pattern, url, producer_id=f"p{i}", producers=2, index=i, epochs=2, **ARGS, **kw
