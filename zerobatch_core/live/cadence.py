@@ -16,11 +16,34 @@ manifest I/O at most ``overhead_budget`` (delta) of the time. Solving each for `
     g >= W / delta - W                            (overhead)
 
 and the producer takes the smallest feasible gap ``g* = max(0, both)``, jittered by a factor in
-``[1 - jitter, 1 + jitter]`` so producers do not fall into step. ``W`` is an exponential moving
-average of the measured windows; ``N`` counts the distinct writers of the last manifest
-versions the producer has seen (read from the versions themselves, no messages). As the
-manifest grows, ``W`` grows and the gap widens, so the commit rate falls just enough to keep
-conflicts and overhead within budget, and every commit carries more batches.
+``[1 - jitter, 1 + jitter]`` so producers do not fall into step. As the manifest grows, ``W``
+grows and the gap widens, so the commit rate falls just enough to keep conflicts and overhead
+within budget, and every commit carries more batches.
+
+The model holds only if its inputs are those of the next attempt:
+
+* ``W`` is measured from the read that finds no newer version, not from the reads before it
+  that catch up with the versions committed since the last attempt (about ``N - 1`` of them:
+  manifest I/O, but no commit landing during them can make this one fail). With the default
+  budgets and more than one producer the conflict bound is the larger, so the overhead bound,
+  which that catching up would belong to, does not decide the gap.
+* The gap uses the larger of an exponential moving average of the measured windows and the
+  last one measured. Each producer measures ``W`` once per gap, and a growing manifest (or a
+  sealed segment written inside the window) makes the next window longer than the average of
+  the past ones: an average alone lags the growth and the gap comes out too short.
+* ``N`` counts the distinct writers of the last manifest versions the producer has seen (read
+  from the versions themselves, no messages), *and the producer itself*: a producer that has
+  only lost races so far is one of the contenders too. A producer that opens a dataset starts
+  from the producers listed in the newest version's unsealed entries and from the time that
+  read took (``start``), so one joining a running dataset does not first attempt as if alone.
+* Closing a producer commits what is left only once the gap since its last attempt has passed
+  (``delay``): producers that finish together would otherwise all attempt at once, outside
+  the model, and most of those attempts would conflict.
+
+Producers that start together on a fresh dataset know nothing of each other until their
+first commits land: until each has read a version from every other, ``N`` is underestimated
+and their first attempts conflict more often than the budget (a transient of a few attempts
+per producer).
 
 ``FixedCadence(k)`` commits after every ``k`` appended objects (``k = 1``: every append), the
 baseline the benchmark compares against.
@@ -44,7 +67,17 @@ class Cadence:
 
     def observe(self, window: float, conflicted: bool, writers: list[str], now: float) -> None:
         """Record one attempt: its fragile window (seconds), whether it conflicted, and the
-        writers of the manifest versions read since the last attempt."""
+        writers of the manifest versions read since the last attempt (after a successful
+        attempt, the last of them is this producer, the writer of the version it created)."""
+
+    def start(self, window: float, writers: list[str], now: float) -> None:
+        """Record what the producer saw when it opened the dataset: the seconds its read of the
+        newest version took, and the producers that version lists as recent writers."""
+
+    def delay(self, now: float) -> float:
+        """Seconds from ``now`` until an attempt may start whatever is pending: what closing a
+        producer waits before committing the rest (0: at once)."""
+        return 0.0
 
 
 @dataclass
@@ -61,6 +94,10 @@ class FixedCadence(Cadence):
         return pending >= self.every
 
 
+_SELF = "\0"
+"""Stands for this producer among the writers until a commit of its own names it."""
+
+
 @dataclass
 class AdaptiveCadence(Cadence):
     """The adaptive commit cadence (DAC; see the module docstring)."""
@@ -75,8 +112,11 @@ class AdaptiveCadence(Cadence):
     gap: float = 0.0
     """The current jittered gap, seconds."""
     last_attempt: float = field(default_factory=time.monotonic)
+    latest: float = 0.0
+    """The last fragile window measured, seconds."""
     _writers: deque[str] = field(default_factory=deque)
     _random: random.Random = field(default_factory=random.Random)
+    _own: str = _SELF
 
     def __post_init__(self) -> None:
         if not 0 < self.conflict_budget < 1:
@@ -88,12 +128,18 @@ class AdaptiveCadence(Cadence):
 
     @property
     def producers(self) -> int:
-        """Distinct writers among the last ``history`` manifest versions seen (at least 1)."""
-        return max(1, len(set(self._writers)))
+        """``N``: the distinct writers among the last ``history`` manifest versions seen, this
+        producer included whether or not one of its commits is among them."""
+        return len({*self._writers, self._own})
+
+    @property
+    def estimate(self) -> float:
+        """``W`` as the gap uses it: the larger of the average and the last window measured."""
+        return max(self.window, self.latest)
 
     def optimal_gap(self) -> float:
         """``g*``: the smallest gap that meets both budgets for the current ``W`` and ``N``."""
-        w, n = self.window, self.producers
+        w, n = self.estimate, self.producers
         conflicts = (n - 1) * w / -math.log1p(-self.conflict_budget) - w
         overhead = w / self.overhead_budget - w
         return max(0.0, conflicts, overhead)
@@ -101,13 +147,31 @@ class AdaptiveCadence(Cadence):
     def due(self, pending: int, now: float) -> bool:
         return pending > 0 and now - self.last_attempt >= self.gap
 
+    def delay(self, now: float) -> float:
+        return max(0.0, self.last_attempt + self.gap - now)
+
+    def start(self, window: float, writers: list[str], now: float) -> None:
+        if self.window == 0:
+            self.window = self.latest = window
+        self._see(writers)
+        self._next_gap(now)
+
     def observe(self, window: float, conflicted: bool, writers: list[str], now: float) -> None:
         a = self.smoothing
         self.window = window if self.window == 0 else (1 - a) * self.window + a * window
+        self.latest = window
+        if not conflicted and writers:
+            self._own = writers[-1]
+        self._see(writers)
+        self._next_gap(now)
+
+    def _see(self, writers: list[str]) -> None:
         for writer in writers:
             self._writers.append(writer)
             while len(self._writers) > self.history:
                 self._writers.popleft()
+
+    def _next_gap(self, now: float) -> None:
         g = self.optimal_gap()
         self.gap = g * (1 + self._random.uniform(-self.jitter, self.jitter))
         self.last_attempt = now

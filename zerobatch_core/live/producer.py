@@ -133,6 +133,8 @@ class CommitStats:
     batches: int = 0
     manifest_seconds: float = 0.0
     windows: list[float] = field(default_factory=list)
+    """Each attempt's time, from its first read to the end of its create (the catching up on
+    newer versions included; ``manifest_seconds`` is their sum)."""
 
 
 class LiveProducer:
@@ -182,7 +184,13 @@ class LiveProducer:
             self.store, batch_size, seq_len, seed, segment_size, producer_id, code
         )
         self.chain = ManifestChain(self.store, self.descriptor)
+        opened = time.monotonic()
         self.base = self.chain.latest()
+        now = time.monotonic()
+        # What the cadence starts from: that read's time, and who committed the newest batches.
+        tail = (e.producer for e in reversed(self.base.tail) if e.producer != producer_id)
+        recent = list(dict.fromkeys(tail))[::-1]
+        self.cadence.start(now - opened, recent, now)
         state = self.base.producers.get(self.producer_id)
         self.offset = state.offset if state else 0
         """The stream offset of the next item ``append`` takes: where a restart resumes."""
@@ -288,14 +296,18 @@ class LiveProducer:
     def _attempt(self) -> bool:
         """One commit attempt: read the newest version, build the next on it and create it.
 
-        The time from that read to the end of the create is the fragile window the cadence
-        measures: another commit landing inside it is a conflict, after which this producer
-        rebases on the winner (its items already there are dropped) for its next attempt.
+        The time from the read that finds no newer version to the end of the create is the
+        fragile window the cadence measures: another commit landing inside it is a conflict,
+        after which this producer rebases on the winner (its items already there are dropped)
+        for its next attempt. The reads of the versions committed since the last attempt come
+        before it and are not part of it (they are part of the attempt's time in ``stats``).
         Every version read is checked to follow from the base before it becomes the base
         (``ChainError`` otherwise, with nothing pending dropped).
         """
         started = time.monotonic()
-        writers = self._rebase(self.chain.follow(self.base, list_on_gap=False))
+        newer = self.chain.follow(self.base, list_on_gap=False)
+        read = time.monotonic()
+        writers = self._rebase(newer)
         if not self._pending:  # a twin (or an earlier life) committed everything already
             return True
         # Only entries the base has committed are sealed: a segment's bytes are then the same
@@ -329,7 +341,10 @@ class LiveProducer:
         self.stats.attempts += 1
         self.stats.manifest_seconds += window
         self.stats.windows.append(window)
-        self.cadence.observe(window, not created, writers, now)
+        # The read that found no newer version is the last of len(newer) + 1, taken as long
+        # as their average: the fragile window opens when it starts.
+        fragile = now - read + (read - started) / (len(newer) + 1)
+        self.cadence.observe(fragile, not created, writers, now)
         return created
 
     def _on_the_chain(self, candidate: LiveManifest, data: bytes) -> bool:
@@ -385,10 +400,18 @@ class LiveProducer:
         return [m.writer for m in newer]
 
     def close(self) -> None:
-        """Commit what is pending, then stop."""
+        """Commit what is pending, then stop.
+
+        The commit waits until the cadence lets an attempt start (``Cadence.delay``: for the
+        adaptive cadence, until its gap since the last attempt has passed), so that producers
+        finishing together do not all attempt at once; ``commit()`` before ``close()`` commits
+        at once instead."""
         if self._closed:
             return
         try:
+            wait = self.cadence.delay(time.monotonic()) if self._pending else 0.0
+            if wait > 0:
+                time.sleep(wait)
             self.commit()
         finally:
             self._closed = True
