@@ -33,6 +33,9 @@ from zerobatch_spec.dataset import (
     CHECKSUMS_NAME,
     DATASET_KEY_TAG,
     MANIFEST_NAME,
+    MANIFEST_VERSION,
+    MANIFEST_VERSION_INDEXED,
+    SHARD_NAME_FORMAT,
     DatasetCode,
     Manifest,
     Shard,
@@ -41,6 +44,15 @@ from zerobatch_spec.dataset import (
     dataset_epoch_key,
     dataset_epoch_order,
     shard_seed,
+)
+from zerobatch_spec.index import (
+    HEAD_SIZE,
+    INDEX_NAME,
+    PAGE_ENTRY,
+    RECORD_SIZE,
+    RUN,
+    IndexTop,
+    parse_top,
 )
 
 from .dataset_files import (
@@ -51,18 +63,26 @@ from .dataset_files import (
     SHARD0,
     SHARD1,
     Files,
+    IndexParts,
     Records,
     base,
     base_records,
     broken,
     build_dataset,
+    bytes_digest,
     checksums_file,
     failure,
+    index_entries,
+    index_parts,
+    index_violation,
+    indexed,
     manifest_of,
     records_of,
+    resealed,
     shard_bytes,
     sharded,
     slot_sums,
+    with_index,
     with_manifest,
     without,
 )
@@ -94,15 +114,18 @@ def describe(files: Files) -> dict[str, Any]:
     raw = files[MANIFEST_NAME]
     assert raw is not None
     manifest = manifest_of(files)
+    shards = index_entries(files)  # the manifest's list, or (version 2) the index's records
+    shard_batches = [s.num_batches for s in shards]
+    assert sum(shard_batches) == manifest.num_batches
     digests: list[str] = []
-    for shard in manifest.shards:
+    for shard in shards:
         data = files[shard.name]
         assert data is not None
         digests += batch_digests(data, parse_header(data[:HEADER_SIZE]))
     orders = []
     for block_size, seed, epoch, shuffle in DATASET_ORDER_CASES:
         key_seed = manifest.seed if seed is None else seed
-        order = dataset_epoch_order(manifest.shard_batches, block_size, key_seed, epoch, shuffle)
+        order = dataset_epoch_order(shard_batches, block_size, key_seed, epoch, shuffle)
         orders.append(
             {
                 "block_size": block_size,
@@ -119,7 +142,7 @@ def describe(files: Files) -> dict[str, Any]:
         "dtype": manifest.dtype,
         "seed": manifest.seed,
         "num_batches": manifest.num_batches,
-        "shard_batches": manifest.shard_batches,
+        "shard_batches": shard_batches,
         "manifest_sha256": hashlib.sha256(raw).hexdigest(),
         "batch_sha256": digests,
         "dataset_orders": orders,
@@ -150,9 +173,11 @@ def writer_input(
     seed: int,
     sources: Sequence[Source] = (),
     dtype: int = DTYPE_UINT32,
+    version: int = MANIFEST_VERSION,
 ) -> dict[str, Any]:
     """What the golden test gives the sharded writer to reproduce a vector byte for byte (the
-    dtype code only where it is not 0, as in a file's writer input)."""
+    dtype code only where it is not 0, as in a file's writer input, and the manifest version
+    only where it is not 1)."""
     return {
         "dataset_writer_input": {
             "records": records.tolist(),
@@ -162,8 +187,14 @@ def writer_input(
             "seed": seed,
             "sources": [{"path": s.path, "records": list(s.records)} for s in sources],
             **({"dtype": dtype} if dtype != DTYPE_UINT32 else {}),
+            **manifest_version_key(version),
         }
     }
+
+
+def manifest_version_key(version: int) -> dict[str, int]:
+    """A writer input's ``manifest_version``, stated only where it is not 1."""
+    return {} if version == MANIFEST_VERSION else {"manifest_version": version}
 
 
 def written(
@@ -177,11 +208,15 @@ def written(
     flags: Sequence[str],
     sources: Sequence[Source] = (),
     dtype: int = DTYPE_UINT32,
+    version: int = MANIFEST_VERSION,
 ) -> Vector:
-    """A valid dataset the sharded writer makes of ``count`` pseudo-random records."""
+    """A valid dataset the sharded writer makes of ``count`` pseudo-random records (``version``
+    2: described by a shard index)."""
     records = records_of(count, seq_len, salt=1000 + seed + count, dtype=dtype)
     files = sharded(records, batch_size, seq_len, shard_batches, seed, sources, dtype)
-    extra = writer_input(records, batch_size, seq_len, shard_batches, seed, sources, dtype)
+    if version == MANIFEST_VERSION_INDEXED:
+        files = indexed(files)
+    extra = writer_input(records, batch_size, seq_len, shard_batches, seed, sources, dtype, version)
     return valid_dataset(vid, comment, files, ["writer", *flags], extra)
 
 
@@ -679,6 +714,780 @@ def dataset_vectors() -> Iterator[Vector]:
     yield from checksum_vectors()
     yield from slot_vectors()
     yield from unreadable_vectors()
+    yield from indexed_vectors()
+
+
+# -- version 2: datasets described by a shard index (section 23) ---------------------------------
+
+
+def indexed_vectors() -> Iterator[Vector]:
+    """Version 2 datasets: valid ones, then indexes that fail at open (size, head against the
+    manifest, top, runs, page table), at a shard's first use (a page and its records), and on
+    checked reads (a shard's range of ``checksums.xxh3``), and the directory's own checks."""
+    yield from valid_indexed_datasets()
+    yield from index_open_vectors()
+    yield from index_page_vectors()
+    yield from indexed_dataset_vectors()
+
+
+V2 = "v2"
+"""Flag of every vector about a version 2 dataset (its manifest or its index)."""
+
+
+def described_indexed(
+    vid: str,
+    comment: str,
+    shape: tuple[int, int],
+    parts: Sequence[tuple[str, int, int]],
+    seed: int,
+    flags: Sequence[str],
+    dtype: int = DTYPE_UINT32,
+) -> Vector:
+    """A valid version 2 dataset describing files ``parts`` (name, records, file seed) of
+    ``shape`` (batch_size, seq_len), each with its own records and no record range."""
+    batch_size, seq_len = shape
+    shards = [
+        (
+            name,
+            shard_bytes(records_of(n, seq_len, salt, dtype), batch_size, seq_len, salt, dtype),
+            None,
+        )
+        for name, n, salt in parts
+    ]
+    files = indexed(build_dataset(batch_size, seq_len, seed, shards, dtype=dtype))
+    create = {
+        "names": [name for name, _, _ in parts],
+        "seed": seed,
+        **manifest_version_key(MANIFEST_VERSION_INDEXED),
+    }
+    return valid_dataset(
+        vid, comment, files, [V2, "described", *flags], {"dataset_create_input": create}
+    )
+
+
+def valid_indexed_datasets() -> Iterator[Vector]:
+    """Valid version 2 datasets: the sharded writer's (one run, two runs, none, uint16),
+    described files (names in the pages, more than one page), and what readers must accept
+    that writers do not write (another page size, another index name, unknown keys)."""
+    yield written(
+        "dataset-valid-v2-two-runs",
+        "sharded writer, version 2: 11 records of 3 tokens, 2 per batch, 2 batches per shard: "
+        "shards of 2, 2 and 1 batches, so the runs (2 shards, 2 slots) and (1 shard, 1 slot)",
+        11,
+        2,
+        3,
+        2,
+        7,
+        [V2, "padding", "remainder", "sources"],
+        (Source("corpus/part-a.bin", (0, 6)), Source("corpus/part-b.bin", (6, 11))),
+        version=MANIFEST_VERSION_INDEXED,
+    )
+    yield written(
+        "dataset-valid-v2-one-run",
+        "sharded writer, version 2: 12 records of 5 tokens, 2 per batch, 2 batches per shard: "
+        "three equal shards, one run",
+        12,
+        2,
+        5,
+        2,
+        11,
+        [V2, "padding"],
+        version=MANIFEST_VERSION_INDEXED,
+    )
+    yield written(
+        "dataset-valid-v2-no-shards",
+        "sharded writer given no records, version 2: an index of its head alone (no runs, no "
+        "pages), an empty checksums file",
+        0,
+        2,
+        3,
+        4,
+        5,
+        [V2, "no-shards", "zero-batches"],
+        version=MANIFEST_VERSION_INDEXED,
+    )
+    yield written(
+        "dataset-valid-v2-uint16",
+        "sharded writer, dtype 1, version 2: the manifest and the index head say dtype 1; 9 "
+        "records of 3 uint16 tokens, 2 per batch, 2 batches per shard",
+        9,
+        2,
+        3,
+        2,
+        3,
+        [V2, "uint16", "padding", "remainder"],
+        dtype=DTYPE_UINT16,
+        version=MANIFEST_VERSION_INDEXED,
+    )
+    yield described_indexed(
+        "dataset-valid-v2-names-in-pages",
+        "existing files described as a version 2 dataset: names other than the sharded "
+        "writer's, so the page holds them after its records; 3, 0, 2 and 1 batches (three "
+        "runs and an empty shard), no record ranges",
+        (2, 5),
+        [("b-1.batch", 7, 41), ("a.batch", 1, 42), ("Part_0.data", 4, 43), ("z.batch", 2, 44)],
+        13,
+        ["empty-shard"],
+    )
+    # 66 files named as the sharded writer names them: the first of 2 slots, 64 of none (a
+    # header alone) and the last of 1: runs (1, 2), (64, 0), (1, 1), and two pages.
+    many = [(SHARD_NAME_FORMAT.format(i), 1, 100 + i) for i in range(66)]
+    many[0] = (many[0][0], 5, 100)
+    many[-1] = (many[-1][0], 2, 165)
+    yield described_indexed(
+        "dataset-valid-v2-two-pages",
+        "66 existing files with the sharded writer's names (so generated names): 2 slots, 64 "
+        "empty shards, 1 slot; more than 64 shards, so a second page of 2 records",
+        (2, 3),
+        many,
+        17,
+        ["empty-shard", "pages"],
+    )
+    three = sharded(records_of(11, 3, salt=19), 2, 3, 2, 8)
+    yield valid_dataset(
+        "dataset-valid-v2-page-records-2",
+        "the sharded writer's 3 shards in an index of 2 records a page (writers choose 64, "
+        "readers accept 1 to 65536): pages of 2 records and 1",
+        indexed(three, page_records=2),
+        [V2, "pages"],
+    )
+    yield valid_dataset(
+        "dataset-valid-v2-index-named-batch",
+        "the index named index.batch: a name ending in .batch that is not a shard, which "
+        "validation does not report as extra_shard",
+        indexed(base(), index_name="index.batch"),
+        [V2, "index-name"],
+    )
+    yield valid_dataset(
+        "dataset-valid-v2-unknown-keys",
+        "a version 2 manifest with keys it does not define, at the top and inside index and "
+        "checksums, and files that are not *.batch",
+        indexed_unknown_keys(indexed(base())),
+        [V2, "unknown-keys"],
+    )
+
+
+def indexed_unknown_keys(files: Files) -> Files:
+    """``files`` with a version 2 manifest full of keys a reader ignores, and other files."""
+    raw = files[MANIFEST_NAME]
+    assert raw is not None
+    doc = json.loads(raw)
+    doc["comment"] = "written by another tool"
+    doc["shards"] = "listed in the index"  # a version 1 key means nothing in version 2
+    doc["index"]["x-pages"] = [{"offset": 1}]
+    doc["checksums"]["note"] = "slot order"
+    doc["x-count"] = 123456789012345678901234567890
+    manifest = (json.dumps(doc, indent=2) + "\n").encode()
+    return {**files, MANIFEST_NAME: manifest, "README.txt": b"Other files are ignored.\n"}
+
+
+def index_broken(
+    vid: str,
+    comment: str,
+    where: str,
+    files: Files,
+    flags: Sequence[str] = (),
+    code: DatasetCode = DatasetCode.INDEX_MISMATCH,
+) -> Vector:
+    """A version 2 dataset whose index breaks a rule of section 23.3 (``code`` at ``where``),
+    the expectation checked against the reference."""
+    found = index_violation(files)
+    assert found is not None and (found.code, found.where) == (code, where), (vid, found)
+    return broken(vid, comment, code.value, where, files, [V2, "index", *flags])
+
+
+def index_open_vectors() -> Iterator[Vector]:
+    """Indexes a reader refuses at open: missing, sized otherwise than the manifest says, a
+    head that disagrees with the manifest or breaks a range, a top whose digest is not the
+    manifest's, runs that do not add up, a page table that does not tile the file."""
+    files = indexed(base())
+    data = files[INDEX_NAME]
+    assert data is not None
+    missing = DatasetCode.INDEX_MISSING
+    yield index_broken(
+        "dataset-index-missing",
+        "the manifest names shards.zbi; the directory lacks it",
+        "index",
+        without(files, INDEX_NAME),
+        code=missing,
+    )
+    yield index_broken(
+        "dataset-index-not-a-file",
+        "shards.zbi is a directory",
+        "index",
+        {**files, INDEX_NAME: None},
+        code=missing,
+    )
+    yield index_broken(
+        "dataset-index-one-byte-extra",
+        "shards.zbi has one trailing byte; the manifest's index.size is the original's",
+        "index",
+        {**files, INDEX_NAME: data + b"\0"},
+        ["off-by-one"],
+    )
+    yield index_broken(
+        "dataset-index-size-in-manifest",
+        "the manifest's index.size is one byte short of the file's",
+        "index",
+        with_manifest(files, lambda m: with_ref(m, size=len(data) - 1)),
+        ["off-by-one"],
+    )
+    yield index_broken(
+        "dataset-index-empty",
+        "shards.zbi is empty, and the manifest says so: shorter than a head",
+        "index",
+        with_index(files, b""),
+    )
+    yield index_broken(
+        "dataset-index-top-cut",
+        "shards.zbi cut after its head and 8 bytes, the manifest's size and digest updated: "
+        "the runs and page table the head announces do not fit",
+        "index.run_count",
+        with_index(files, data[: HEAD_SIZE + 8]),
+    )
+    yield index_broken(
+        "dataset-index-manifest-digest",
+        "the manifest's index.xxh3 differs from the top's digest; the index is whole",
+        "index.top_xxh3",
+        with_manifest(files, lambda m: with_ref(m, xxh3=f"{bytes_digest(b'other'):016x}")),
+    )
+    parts = index_parts(files)
+    yield index_broken(
+        "dataset-index-head-digest",
+        "the head's top_xxh3 is not the digest of its top (the manifest states the head's value)",
+        "index.top_xxh3",
+        with_index(files, parts.join(top_xxh3=bytes_digest(b"other"))),
+    )
+    altered = IndexParts(parts.head, [(1, 2), (1, 1)], parts.pages)
+    changed = bytearray(altered.join())
+    changed[HEAD_SIZE + RUN.size + 8] ^= 1  # the second run's slot count: 1 becomes 0
+    yield index_broken(
+        "dataset-index-run-altered",
+        "a byte of the runs changed after the top was sealed, the manifest's digest the "
+        "original's: the top's digest no longer matches",
+        "index.top_xxh3",
+        {**files, INDEX_NAME: bytes(changed)},
+    )
+    heads: list[tuple[str, str, str, str, object, list[str]]] = [
+        ("magic", "magic ZBSHARDX", "index.magic", "magic", b"ZBSHARDX", []),
+        ("version-0", "index version 0", "index.version", "version", 0, []),
+        ("version-2", "index version 2 (from the future)", "index.version", "version", 2, []),
+        ("flags", "head flag bit 1 set", "index.flags", "flags", 3, []),
+        ("flags-high", "head flag bit 31 set", "index.flags", "flags", 1 << 31, []),
+        (
+            "reserved",
+            "a reserved head byte set",
+            "index.reserved",
+            "reserved",
+            bytes(47) + b"\1",
+            [],
+        ),
+        ("page-records-0", "page_records 0", "index.page_records", "page_records", 0, []),
+        (
+            "page-records-above",
+            "page_records 65537 (at most 65536)",
+            "index.page_records",
+            "page_records",
+            65537,
+            ["off-by-one"],
+        ),
+        (
+            "batch-size-0",
+            "head batch_size 0 (and the manifest's 2)",
+            "index.batch_size",
+            "batch_size",
+            0,
+            [],
+        ),
+        ("dtype-2", "head dtype 2: not a token dtype", "index.dtype", "dtype", 2, []),
+        ("batch-size", "head batch_size 3, the manifest's 2", "index", "batch_size", 3, []),
+        ("seq-len", "head seq_len 4, the manifest's 3", "index", "seq_len", 4, []),
+        ("dtype", "head dtype 1, the manifest's 0 (absent)", "index", "dtype", 1, ["uint16"]),
+        ("seed", "head seed 4, the manifest's 3", "index", "seed", 4, []),
+    ]
+    for name, comment, where, field, value, flags in heads:
+        head = IndexParts({**parts.head, field: value}, parts.runs, parts.pages)
+        yield index_broken(
+            f"dataset-index-head-{name}",
+            f"{comment}; the top's digest and the manifest sealed over it",
+            where,
+            resealed(files, head),
+            flags,
+        )
+    yield index_broken(
+        "dataset-index-manifest-shard-count",
+        "the manifest's shard_count 3, the index's 2",
+        "index",
+        with_manifest(files, lambda m: dataclasses.replace(m, shard_count=3)),
+    )
+    yield index_broken(
+        "dataset-index-manifest-num-batches",
+        "the manifest's num_batches 4, the index's 3",
+        "index",
+        with_manifest(files, lambda m: dataclasses.replace(m, declared_batches=4)),
+    )
+    yield index_broken(
+        "dataset-index-page-count",
+        "head page_count 2 for 2 shards of 64 a page (1 page)",
+        "index.page_count",
+        with_index(
+            files,
+            IndexParts({**parts.head, "page_count": 2}, parts.runs, parts.pages).join(
+                counted=False
+            ),
+        ),
+    )
+    runs: list[tuple[str, str, list[tuple[int, int]], list[str]]] = [
+        ("shards", "runs of 1 and 2 shards: 3 shards, shard_count is 2", [(1, 2), (2, 1)], []),
+        ("slots", "runs of 2 + 2 slots, num_batches is 3", [(1, 2), (1, 2)], []),
+        ("zero-shards", "a run of 0 shards between the two", [(1, 2), (0, 5), (1, 1)], []),
+        (
+            "shards-wrap",
+            "runs of 2^64 - 1 shards of 0 slots and 3 of 1: 2^64 + 2 shards, which wraps to "
+            "shard_count 2 in u64, and 3 slots",
+            [(U64_MAX, 0), (3, 1)],
+            ["overflow"],
+        ),
+        (
+            "slots-wrap",
+            "runs of 1 shard of 2^63 slots and 1 of 2^63 + 3: 2^64 + 3 slots, which wraps to "
+            "num_batches 3 in u64",
+            [(1, 2**63), (1, 2**63 + 3)],
+            ["overflow"],
+        ),
+    ]
+    for name, comment, new_runs, flags in runs:
+        yield index_broken(
+            f"dataset-index-runs-{name}",
+            f"{comment}; the top sealed over it",
+            "index.runs",
+            resealed(files, IndexParts(parts.head, new_runs, parts.pages)),
+            flags,
+        )
+    wide = U32_MAX + 1
+    widened = {**parts.head, "num_batches": wide + 1}
+    yield index_broken(
+        "dataset-index-runs-slots-above-u32",
+        "a run of shards of 2^32 slots (a shard has at most 2^32 - 1, its total_records), the "
+        "head's and the manifest's num_batches 2^32 + 1 to match",
+        "index.runs",
+        with_manifest(
+            resealed(files, IndexParts(widened, [(1, wide), (1, 1)], parts.pages)),
+            lambda m: dataclasses.replace(m, declared_batches=wide + 1),
+        ),
+        ["overflow"],
+    )
+    yield from page_table_vectors()
+
+
+def with_ref(manifest: Manifest, **fields: Any) -> Manifest:
+    """``manifest`` with fields of its ``index`` replaced."""
+    assert manifest.index is not None
+    return dataclasses.replace(manifest, index=dataclasses.replace(manifest.index, **fields))
+
+
+def page_table_vectors() -> Iterator[Vector]:
+    """Page tables that do not tile the index after its top (the base dataset in pages of one
+    record: two pages)."""
+    files = indexed(base(), page_records=1)
+    parts = index_parts(files)
+    top = HEAD_SIZE + len(parts.runs) * RUN.size + len(parts.pages) * PAGE_ENTRY.size
+    p0, p1 = parts.pages
+    d0, d1 = bytes_digest(p0), bytes_digest(p1)
+    at = top + len(p0)
+    cases: list[tuple[str, str, str, list[tuple[int, int, int]], bytes]] = [
+        (
+            "gap",
+            "page 1 starts one byte after page 0 ends",
+            "index.pages[1]",
+            [(top, len(p0), d0), (at + 1, len(p1) - 1, bytes_digest(p1[1:]))],
+            b"",
+        ),
+        (
+            "overlap",
+            "page 1 starts one byte before page 0 ends",
+            "index.pages[1]",
+            [(top, len(p0), d0), (at - 1, len(p1) + 1, bytes_digest(p0[-1:] + p1))],
+            b"",
+        ),
+        (
+            "first-offset",
+            "page 0 starts 8 bytes after the top",
+            "index.pages[0]",
+            [(top + 8, len(p0) - 8, bytes_digest(p0[8:])), (at, len(p1), d1)],
+            b"",
+        ),
+        (
+            "short-page",
+            "page 0 of 71 bytes: shorter than its one 72-byte record",
+            "index.pages[0]",
+            [
+                (top, len(p0) - 1, bytes_digest(p0[:-1])),
+                (at - 1, len(p1) + 1, bytes_digest(p0[-1:] + p1)),
+            ],
+            b"",
+        ),
+        (
+            "beyond-file",
+            "page 1 ends one byte after the file",
+            "index.pages[1]",
+            [(top, len(p0), d0), (at, len(p1) + 1, d1)],
+            b"",
+        ),
+        (
+            "trailing-bytes",
+            "8 bytes after the last page",
+            "index",
+            [(top, len(p0), d0), (at, len(p1), d1)],
+            bytes(8),
+        ),
+    ]
+    for name, comment, where, table, tail in cases:
+        yield index_broken(
+            f"dataset-index-pages-{name}",
+            f"two pages of one record each: {comment}; the top and the manifest sealed over it",
+            where,
+            with_index(files, parts.join(table=table) + tail),
+            ["pages"],
+        )
+
+
+def index_page_vectors() -> Iterator[Vector]:
+    """Pages a reader refuses at the first use of one of their shards (section 23.3): a page
+    whose digest is not the table's, records whose flags, slot counts or names break 23.2,
+    records that disagree as 12.2's entries would. Each edit but the first is sealed."""
+    files = indexed(base())
+    data = files[INDEX_NAME]
+    assert data is not None
+    flipped = bytearray(data)
+    flipped[-1] ^= 1  # the last record's reserved field: only the page digest tells
+    yield index_broken(
+        "dataset-index-page-digest",
+        "a byte of page 0 changed; the page table keeps the original's digest",
+        "index.pages[0]",
+        {**files, INDEX_NAME: bytes(flipped)},
+        ["page"],
+    )
+    two = indexed(base(), page_records=1)
+    second = index_parts(two)
+    original = second.join()
+    second.record(1, seed=1)
+    table = [
+        (int(o), n, bytes_digest(p))
+        for (o, n, _), p in zip(page_table(original), second.pages, strict=True)
+    ]
+    table[1] = page_table(original)[1]
+    yield index_broken(
+        "dataset-index-page-1-digest",
+        "pages of one record: page 1's seed changed, its digest in the table the original's; "
+        "page 0 and shard-00000.batch are whole",
+        "index.pages[1]",
+        with_index(two, second.join(table=table)),
+        ["page", "pages"],
+    )
+    records: list[tuple[str, str, int, dict[str, int], str, list[str]]] = [
+        ("flags", "record flag bit 1 set", 0, {"flags": 3}, "shards[0].flags", []),
+        ("reserved", "a record's reserved field 1", 1, {"reserved": 1}, "shards[1].flags", []),
+        (
+            "num-batches",
+            "shards[0]'s num_batches 1, its run says 2",
+            0,
+            {"num_batches": 1},
+            "shards[0].num_batches",
+            ["off-by-one"],
+        ),
+        (
+            "name-with-generated",
+            "a name length of 5 in an index of generated names",
+            1,
+            {"name_offset": 144, "name_length": 5},
+            "shards[1].name",
+            [],
+        ),
+        (
+            "total-records",
+            "shards[0]'s total_records 3 < num_batches 2 * batch_size 2",
+            0,
+            {"total_records": 3, "records_last": 3},
+            "shards[0].total_records",
+            ["off-by-one"],
+        ),
+        (
+            "size",
+            "shards[1]'s size one slot larger",
+            1,
+            {"size": 3 * HEADER_SIZE},
+            "shards[1].size",
+            [],
+        ),
+        (
+            "records-span",
+            "shards[1]'s records [4, 6]: 2 records, total_records is 3",
+            1,
+            {"records_last": 6},
+            "shards[1].records",
+            ["off-by-one"],
+        ),
+        (
+            "records-reversed",
+            "shards[1]'s records [8, 7]",
+            1,
+            {"records_first": 8},
+            "shards[1].records",
+            [],
+        ),
+    ]
+    for name, comment, shard, fields, where, flags in records:
+        parts = index_parts(files)
+        parts.record(shard, **fields)
+        yield index_broken(
+            f"dataset-index-record-{name}",
+            f"{comment}; the page's digest, the top and the manifest sealed over it",
+            where,
+            resealed(files, parts),
+            ["page", *flags],
+        )
+    yield from name_vectors()
+    parts = index_parts(files)
+    parts.head["flags"] = 0
+    yield index_broken(
+        "dataset-index-names-flag-cleared",
+        "the generated-names flag cleared: the pages hold no names (name_length 0 at 0)",
+        "shards[0].name",
+        resealed(files, parts),
+        ["page"],
+    )
+
+
+def page_table(data: bytes) -> list[tuple[int, int, int]]:
+    """The page table of a valid index's bytes."""
+    top = parse_top(data, len(data))
+    assert isinstance(top, IndexTop), top
+    return [(int(o), int(n), int(d)) for o, n, d in top.pages]
+
+
+def custom_named() -> Files:
+    """The base dataset's shards named ``a.batch`` and ``b-1.batch``, in a version 2 dataset:
+    the page holds the names after the records."""
+    files = base()
+    s0, s1 = files[SHARD0], files[SHARD1]
+    assert s0 is not None and s1 is not None
+    shards = [("a.batch", s0, (0, 4)), ("b-1.batch", s1, (4, 7))]
+    return indexed(build_dataset(BASE_BATCH_SIZE, BASE_SEQ_LEN, BASE_SEED, shards))
+
+
+def name_vectors() -> Iterator[Vector]:
+    """Names in pages that break the name rule or lie outside the page's names."""
+    files = custom_named()
+    names_at = 2 * RECORD_SIZE  # after the page's two records: "a.batch", then "b-1.batch"
+    cases: list[tuple[str, str, int, dict[str, int], bytes, str]] = [
+        ("slash", 'shards[1]\'s name "b/1.batch"', 1, {}, b"b/1.batch", "shards[1].name"),
+        ("dot", 'shards[0]\'s name ".", one byte', 0, {"name_length": 1}, b".", "shards[0].name"),
+        ("empty", "shards[0]'s name_length 0", 0, {"name_length": 0}, b"", "shards[0].name"),
+        (
+            "in-records",
+            "shards[1]'s name at offset 0, inside the records",
+            1,
+            {"name_offset": 0},
+            b"",
+            "shards[1].name",
+        ),
+        (
+            "beyond-page",
+            "shards[1]'s name runs one byte past the page's end",
+            1,
+            {"name_length": 10},
+            b"",
+            "shards[1].name",
+        ),
+        (
+            "not-ascii",
+            "shards[0]'s name with a byte above 0x7f",
+            0,
+            {},
+            b"\xe1.batch",
+            "shards[0].name",
+        ),
+    ]
+    for name, comment, shard, fields, raw, where in cases:
+        parts = index_parts(files)
+        if raw:
+            page = parts.pages[0]
+            start = names_at if shard == 0 else names_at + len("a.batch")
+            parts.pages[0] = page[:start] + raw + page[start + len(raw) :]
+        parts.record(shard, **fields)
+        yield index_broken(
+            f"dataset-index-name-{name}",
+            f"names in the page: {comment}; sealed",
+            where,
+            resealed(files, parts),
+            ["page"],
+        )
+    long_name = b"x" * 250 + b".batch"
+    parts = index_parts(files)
+    parts.record(0, name_offset=len(parts.pages[0]), name_length=len(long_name))
+    parts.pages[0] += long_name
+    yield index_broken(
+        "dataset-index-name-256",
+        "shards[0]'s name of 256 bytes, appended to the page; sealed",
+        "shards[0].name",
+        resealed(files, parts),
+        ["page"],
+    )
+    parts = index_parts(files)
+    parts.head["flags"] = 1
+    yield index_broken(
+        "dataset-index-name-in-generated",
+        "the generated-names flag set over a page that holds names",
+        "shards[0].name",
+        resealed(files, parts),
+        ["page"],
+    )
+
+
+def indexed_dataset_vectors() -> Iterator[Vector]:
+    """Version 2 failures past the index: a shard's range of the checksums file against its
+    record (checked reads), the shards against their records, the directory's entries, and
+    several failures at once."""
+    files = indexed(base())
+    sums = files[CHECKSUMS_NAME]
+    s0, s1 = files[SHARD0], files[SHARD1]
+    assert sums is not None and s0 is not None and s1 is not None
+    ranges = DatasetCode.CHECKSUMS_MISMATCH.value
+    parts = index_parts(files)
+    parts.record(1, checksums_xxh3=bytes_digest(b"other"))
+    yield broken(
+        "dataset-v2-checksums-range-digest",
+        "shards[1]'s checksums_xxh3 differs from the digest of its range of checksums.xxh3 "
+        "(the page, top and manifest sealed): its first checked read fails",
+        ranges,
+        CHECKSUMS_NAME,
+        resealed(files, parts),
+        [V2, "checksums", "deep"],
+    )
+    yield broken(
+        "dataset-v2-checksums-wrong-entry",
+        "dataset slot 2's entry altered and the manifest's digest of the whole file updated: "
+        "shard-00001.batch's range no longer has its record's digest (version 1 reports the "
+        "slot's checksum_mismatch instead)",
+        ranges,
+        CHECKSUMS_NAME,
+        set_checksum(files, 2, 7, True),
+        [V2, "checksums", "deep"],
+    )
+    yield broken(
+        "dataset-v2-checksums-missing",
+        "no checksums.xxh3 in a version 2 dataset",
+        ranges,
+        CHECKSUMS_NAME,
+        without(files, CHECKSUMS_NAME),
+        [V2, "checksums"],
+    )
+    yield broken(
+        "dataset-v2-shard-missing",
+        "the index lists shard-00001.batch; the directory lacks it",
+        DatasetCode.SHARD_MISSING.value,
+        SHARD1,
+        without(files, SHARD1),
+        [V2, "shard"],
+    )
+    header = index_parts(files)
+    header.record(1, header_xxh3=bytes_digest(b"other"))
+    yield broken(
+        "dataset-v2-shard-header-digest",
+        "shards[1]'s header_xxh3 in the index differs from its header's; the fields agree",
+        DatasetCode.SHARD_HEADER_MISMATCH.value,
+        SHARD1,
+        resealed(files, header),
+        [V2, "shard"],
+    )
+    yield broken(
+        "dataset-v2-slot-corrupt-token",
+        "one token byte of slot 1 of shard-00000.batch flipped",
+        DatasetCode.CHECKSUM_MISMATCH.value,
+        SHARD0,
+        {**files, SHARD0: flip_slot_byte(s0, 1, 5, 0xFF)},
+        [V2, "slot", "deep"],
+        slot=1,
+    )
+    yield broken(
+        "dataset-v2-extra-shard",
+        "shard-00002.batch is in the directory, not in the index",
+        DatasetCode.EXTRA_SHARD.value,
+        "shard-00002.batch",
+        {**files, "shard-00002.batch": s1},
+        [V2, "deep"],
+    )
+    named = indexed(base(), index_name="index.batch")
+    yield broken(
+        "dataset-v2-extra-shard-beside-index-batch",
+        "the index named index.batch (not reported) and an unlisted stray.batch (reported)",
+        DatasetCode.EXTRA_SHARD.value,
+        "stray.batch",
+        {**named, "stray.batch": s1},
+        [V2, "deep", "index-name"],
+    )
+    page = bytearray(files[INDEX_NAME] or b"")
+    page[-1] ^= 1
+    bad_page = {**files, INDEX_NAME: bytes(page)}
+    two = indexed(base(), page_records=1)
+    later = index_parts(two)
+    later.record(1, flags=2)
+    order: list[tuple[str, str, str, str, Files, int | None]] = [
+        (
+            "index-before-checksums",
+            "shards.zbi and checksums.xxh3 both missing: the index is read at open",
+            DatasetCode.INDEX_MISSING.value,
+            "index",
+            without(files, INDEX_NAME, CHECKSUMS_NAME),
+            None,
+        ),
+        (
+            "checksums-before-page",
+            "checksums.xxh3 missing and page 0's digest wrong: rule 6 before the first shard",
+            ranges,
+            CHECKSUMS_NAME,
+            without(bad_page, CHECKSUMS_NAME),
+            None,
+        ),
+        (
+            "page-before-shard",
+            "page 0's digest wrong and shard-00000.batch missing: the page is checked before "
+            "the shard is opened",
+            DatasetCode.INDEX_MISMATCH.value,
+            "index.pages[0]",
+            without(bad_page, SHARD0),
+            None,
+        ),
+        (
+            "slot-before-next-page",
+            "pages of one record: slot 1 of shard-00000.batch corrupted and page 1's record "
+            "flags wrong (sealed): shard 0's slots before shard 1's page",
+            DatasetCode.CHECKSUM_MISMATCH.value,
+            SHARD0,
+            {**resealed(two, later), SHARD0: flip_slot_byte(s0, 1, 5, 0xFF)},
+            1,
+        ),
+        (
+            "range-before-slot",
+            "shards[1]'s checksums_xxh3 wrong (sealed) and slot 0 of shard-00001.batch "
+            "corrupted: the range is checked before the slot's checksum",
+            ranges,
+            CHECKSUMS_NAME,
+            {**resealed(files, parts), SHARD1: flip_slot_byte(s1, 0, 0, 1)},
+            None,
+        ),
+    ]
+    for name, comment, code, where, changed, slot in order:
+        yield broken(
+            f"dataset-v2-rule-order-{name}",
+            comment,
+            code,
+            where,
+            changed,
+            [V2, "rule-order"],
+            slot,
+        )
 
 
 def order_query(

@@ -15,21 +15,23 @@ from typing import Any
 from zerobatch_spec import DTYPE_UINT16, DTYPE_UINT32, HEADER_SIZE, U32_MAX, U64_MAX, Header
 from zerobatch_spec.dataset import MANIFEST_NAME, DatasetCode, DatasetViolation, parse_manifest
 
-from .dataset_files import SHARD0, SHARD1, base, broken
+from .dataset_files import SHARD0, SHARD1, base, broken, indexed
 from .vector import Vector
 
 
-def manifest_doc() -> dict[str, Any]:
-    """The base dataset's manifest as a JSON object, to edit."""
-    raw = base()[MANIFEST_NAME]
+def manifest_doc(version: int = 1) -> dict[str, Any]:
+    """The base dataset's manifest as a JSON object, to edit (``version`` 2: the manifest of
+    the same dataset described by a shard index)."""
+    files = base() if version == 1 else indexed(base())
+    raw = files[MANIFEST_NAME]
     assert raw is not None
     doc: dict[str, Any] = json.loads(raw)
     return doc
 
 
-def edited(edit: Callable[[dict[str, Any]], object]) -> dict[str, Any]:
-    """The base manifest with ``edit`` applied to a copy."""
-    doc = copy.deepcopy(manifest_doc())
+def edited(edit: Callable[[dict[str, Any]], object], version: int = 1) -> dict[str, Any]:
+    """The base manifest (of ``version``) with ``edit`` applied to a copy."""
+    doc = copy.deepcopy(manifest_doc(version))
     edit(doc)
     return doc
 
@@ -126,7 +128,7 @@ def manifest_vectors() -> Iterator[Vector]:
 
     version = DatasetCode.MANIFEST_UNSUPPORTED_VERSION
     for name, comment, value in (
-        ("2", "version 2 (from the future)", 2),
+        ("3", "version 3 (from the future)", 3),
         ("0", "version 0", 0),
         ("missing", "no version key", DELETE),
         ("string", 'version "1" (a string)', "1"),
@@ -144,6 +146,7 @@ def manifest_vectors() -> Iterator[Vector]:
     yield from bad_field_vectors(text)
     yield from bad_shard_vectors()
     yield from manifest_order_vectors()
+    yield from indexed_manifest_vectors()
 
 
 def bad_field_vectors(text: bytes) -> Iterator[Vector]:
@@ -441,10 +444,10 @@ def manifest_order_vectors() -> Iterator[Vector]:
         ),
         (
             "version-and-field",
-            "version 2 and batch_size 0",
+            "version 3 and batch_size 0",
             DatasetCode.MANIFEST_UNSUPPORTED_VERSION,
             "version",
-            both(set_path(["version"], 2), set_path(["batch_size"], 0)),
+            both(set_path(["version"], 3), set_path(["batch_size"], 0)),
         ),
         (
             "seq-len-before-dtype",
@@ -505,4 +508,227 @@ def manifest_order_vectors() -> Iterator[Vector]:
     for name, comment, code, where, doc in cases:
         yield manifest_vector(
             f"dataset-manifest-rule-order-{name}", comment, code, where, doc, ["rule-order"]
+        )
+
+
+def indexed_manifest_vectors() -> Iterator[Vector]:
+    """Version 2 manifests (section 23.1): rule 4 over ``index``, ``shard_count``,
+    ``num_batches`` and ``sources``, after the fields both versions share, in that order."""
+    bad = DatasetCode.MANIFEST_BAD_FIELD
+    v2 = ["v2"]
+    yield manifest_vector(
+        "dataset-manifest-v2-version-1-with-index",
+        "a version 2 manifest relabelled version 1: no shards list (index is an unknown key)",
+        bad,
+        "shards",
+        edited(set_path(["version"], 1), 2),
+        v2,
+    )
+    yield manifest_vector(
+        "dataset-manifest-v2-shards-without-index",
+        "a version 1 manifest relabelled version 2: its shards list is an unknown key, and it "
+        "names no index",
+        bad,
+        "index",
+        edited(set_path(["version"], 2)),
+        v2,
+    )
+    idx: list[str | int] = ["index"]
+    cases: list[tuple[str, str, list[str | int], object, str]] = [
+        ("index-missing", "no index key", idx, DELETE, "index"),
+        ("index-null", "index null", idx, None, "index"),
+        ("index-list", "index is a list", idx, ["shards.zbi", 400, "0" * 16], "index"),
+        ("index-string", 'index "shards.zbi", not an object', idx, "shards.zbi", "index"),
+        ("index-name-missing", "index without a name", [*idx, "name"], DELETE, "index.name"),
+        ("index-name-empty", "index name empty", [*idx, "name"], "", "index.name"),
+        (
+            "index-name-parent",
+            'index name "../shards.zbi"',
+            [*idx, "name"],
+            "../shards.zbi",
+            "index.name",
+        ),
+        (
+            "index-name-slash",
+            'index name "a/shards.zbi"',
+            [*idx, "name"],
+            "a/shards.zbi",
+            "index.name",
+        ),
+        ("index-name-dot", 'index name "."', [*idx, "name"], ".", "index.name"),
+        (
+            "index-name-256",
+            "index name of 256 characters",
+            [*idx, "name"],
+            "x" * 252 + ".zbi",
+            "index.name",
+        ),
+        (
+            "index-name-manifest",
+            "the index named manifest.json",
+            [*idx, "name"],
+            MANIFEST_NAME,
+            "index.name",
+        ),
+        (
+            "index-name-checksums",
+            "the index named checksums.xxh3",
+            [*idx, "name"],
+            "checksums.xxh3",
+            "index.name",
+        ),
+        ("index-name-integer", "index name 7", [*idx, "name"], 7, "index.name"),
+        ("index-size-missing", "index without a size", [*idx, "size"], DELETE, "index.size"),
+        ("index-size-negative", "index size -1", [*idx, "size"], -1, "index.size"),
+        ("index-size-above-u64", "index size 2^64", [*idx, "size"], U64_MAX + 1, "index.size"),
+        ("index-size-string", 'index size "400"', [*idx, "size"], "400", "index.size"),
+        ("index-size-float", "index size 400.0", [*idx, "size"], 400.0, "index.size"),
+        ("index-xxh3-missing", "index without xxh3", [*idx, "xxh3"], DELETE, "index.xxh3"),
+        (
+            "index-xxh3-uppercase",
+            "index xxh3 in uppercase hex",
+            [*idx, "xxh3"],
+            "ABCDEF0123456789",
+            "index.xxh3",
+        ),
+        (
+            "index-xxh3-17-digits",
+            "index xxh3 of 17 hex digits",
+            [*idx, "xxh3"],
+            "abcdef01234567890",
+            "index.xxh3",
+        ),
+        ("index-xxh3-integer", "index xxh3 as an integer", [*idx, "xxh3"], 12345, "index.xxh3"),
+        ("shard-count-missing", "no shard_count", ["shard_count"], DELETE, "shard_count"),
+        ("shard-count-negative", "shard_count -1", ["shard_count"], -1, "shard_count"),
+        (
+            "shard-count-above-u64",
+            "shard_count 2^64",
+            ["shard_count"],
+            U64_MAX + 1,
+            "shard_count",
+        ),
+        ("shard-count-string", 'shard_count "2"', ["shard_count"], "2", "shard_count"),
+        ("num-batches-missing", "no num_batches", ["num_batches"], DELETE, "num_batches"),
+        ("num-batches-float", "num_batches 3.0", ["num_batches"], 3.0, "num_batches"),
+        ("num-batches-true", "num_batches true", ["num_batches"], True, "num_batches"),
+        (
+            "num-batches-above-u64",
+            "num_batches 2^64",
+            ["num_batches"],
+            U64_MAX + 1,
+            "num_batches",
+        ),
+        ("sources-null", "sources null", ["sources"], None, "sources"),
+        ("sources-object", "sources is an object", ["sources"], {}, "sources"),
+        (
+            "source-no-path",
+            "sources[0] without a path",
+            ["sources", 0, "path"],
+            DELETE,
+            "sources[0]",
+        ),
+        (
+            "source-records-reversed",
+            "sources[0] records [7, 0]",
+            ["sources", 0, "records"],
+            [7, 0],
+            "sources[0].records",
+        ),
+    ]
+    for name, comment, path, value, where in cases:
+        flags = [*v2, "overflow"] if "above" in name else v2
+        yield manifest_vector(
+            f"dataset-manifest-v2-{name}",
+            comment,
+            bad,
+            where,
+            edited(set_path(path, value), 2),
+            flags,
+        )
+    yield from indexed_order_vectors()
+
+
+def indexed_order_vectors() -> Iterator[Vector]:
+    """Several version 2 manifest rules broken at once: the first in rule 4's order."""
+    bad = DatasetCode.MANIFEST_BAD_FIELD
+
+    def both(*edits: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        doc = copy.deepcopy(manifest_doc(2))
+        for edit in edits:
+            edit(doc)
+        return doc
+
+    cases: list[tuple[str, str, DatasetCode, str, dict[str, Any]]] = [
+        (
+            "version-before-index",
+            "version 3 and no index",
+            DatasetCode.MANIFEST_UNSUPPORTED_VERSION,
+            "version",
+            both(set_path(["version"], 3), set_path(["index"], DELETE)),
+        ),
+        (
+            "seed-before-index",
+            "seed -1 and no index: the fields both versions share come first",
+            bad,
+            "seed",
+            both(set_path(["seed"], -1), set_path(["index"], DELETE)),
+        ),
+        (
+            "checksums-before-index",
+            "checksums xxh3 in uppercase and index name ../x",
+            bad,
+            "checksums.xxh3",
+            both(
+                set_path(["checksums", "xxh3"], "ABCDEF0123456789"),
+                set_path(["index", "name"], "../x"),
+            ),
+        ),
+        (
+            "index-name-before-size",
+            "index name manifest.json and index size -1: name, size, xxh3 in order",
+            bad,
+            "index.name",
+            both(set_path(["index", "name"], MANIFEST_NAME), set_path(["index", "size"], -1)),
+        ),
+        (
+            "index-size-before-xxh3",
+            "index size 2^64 and index xxh3 of 15 digits",
+            bad,
+            "index.size",
+            both(
+                set_path(["index", "size"], U64_MAX + 1),
+                set_path(["index", "xxh3"], "abcdef012345678"),
+            ),
+        ),
+        (
+            "index-before-shard-count",
+            "index xxh3 uppercase and shard_count -1",
+            bad,
+            "index.xxh3",
+            both(set_path(["index", "xxh3"], "ABCDEF0123456789"), set_path(["shard_count"], -1)),
+        ),
+        (
+            "shard-count-before-num-batches",
+            "shard_count missing and num_batches -1",
+            bad,
+            "shard_count",
+            both(set_path(["shard_count"], DELETE), set_path(["num_batches"], -1)),
+        ),
+        (
+            "num-batches-before-sources",
+            "num_batches 2^64 and sources null",
+            bad,
+            "num_batches",
+            both(set_path(["num_batches"], U64_MAX + 1), set_path(["sources"], None)),
+        ),
+    ]
+    for name, comment, code, where, doc in cases:
+        yield manifest_vector(
+            f"dataset-manifest-v2-rule-order-{name}",
+            comment,
+            code,
+            where,
+            doc,
+            ["v2", "rule-order"],
         )

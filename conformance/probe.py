@@ -5,11 +5,13 @@ deep padding check) and described; a ``.dataset`` directory is validated (``SPEC
 13, deep checks included) and described; a ``.query.json`` file asks for a shuffle order, a
 dataset epoch key or a shard seed. Answers go through the public core API (the file reader and
 writer, ``DatasetReader`` for the manifest, the checksums file and each shard's checks against
-the manifest, the loader's orders), so the vectors exercise the core itself; the checks only
-deep validation makes (every slot's padding and checksum, unlisted shards) are made here from
-the core's slot views and ``zerobatch_spec``. Every input gets a JSON answer: a path that
-cannot be read is answered with the code ``unreadable_path``, and a malformed query with
-``invalid_query``.
+the manifest, the loader's orders), so the vectors exercise the core itself; for a version 2
+dataset the reader's shard table reads and checks the shard index (its top at open, a page at
+a shard's first use). The checks only deep validation makes (every slot's padding and
+checksum, each shard's range of the checksums file against its index record, unlisted shards)
+are made here from the core's slot views and ``zerobatch_spec``. Every input gets a JSON
+answer: a path that cannot be read is answered with the code ``unreadable_path``, and a
+malformed query with ``invalid_query``.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import tempfile
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from zerobatch_spec import U32_MAX, U64_MAX, ErrorCode
 from zerobatch_spec.dataset import (
     CHECKSUMS_NAME,
     MANIFEST_NAME,
     DatasetCode,
+    bytes_xxh3,
     dataset_epoch_key,
     shard_seed,
 )
@@ -257,7 +261,7 @@ def describe_dataset(path: str) -> dict[str, Any]:
             "dtype": manifest.dtype,
             "seed": manifest.seed,
             "num_batches": reader.num_batches,
-            "shard_batches": manifest.shard_batches,
+            "shard_batches": [int(n) for n in reader.table.counts],
             "manifest_sha256": reader.manifest_sha256,
             "batch_sha256": [
                 hashlib.sha256(reader.read_batch(i).tobytes()).hexdigest()
@@ -282,8 +286,13 @@ def first_dataset_failure(reader: DatasetReader) -> dict[str, Any] | None:
         return dataset_failure(e.code.value, e.where)
     except OSError:  # missing, or cannot be read
         return dataset_failure(DatasetCode.CHECKSUMS_MISMATCH.value, CHECKSUMS_NAME)
-    first = reader.manifest.first_batches()
-    for i, entry in enumerate(reader.shards):
+    table = reader.table
+    first = table.firsts
+    for i in range(len(table)):
+        try:
+            entry = table.entry(i)  # version 2: the shard's page of the index, checked
+        except DatasetError as e:
+            return dataset_failure(e.code.value, e.where)
         try:
             shard = reader.shard(i)
             shard.check_size()  # a shard shrunk since it was opened: reported, never touched
@@ -293,17 +302,29 @@ def first_dataset_failure(reader: DatasetReader) -> dict[str, Any] | None:
             return dataset_failure(e.code.value, entry.name)
         except OSError:  # present but cannot be opened or read
             return dataset_failure(DatasetCode.SHARD_MISSING.value, entry.name)
+        start, stop = int(first[i]), int(first[i + 1])
         for local in range(entry.num_batches):
             if shard.slot_padding(local, local + 1).any():
                 return dataset_failure(ErrorCode.NONZERO_PADDING.value, entry.name, local)
-            if file_slot_checksum(shard, local) != int(sums[int(first[i]) + local]):
+            if local == 0 and not range_matches(table.checksums_xxh3(i), sums[start:stop]):
+                return dataset_failure(DatasetCode.CHECKSUMS_MISMATCH.value, CHECKSUMS_NAME)
+            if file_slot_checksum(shard, local) != int(sums[start + local]):
                 return dataset_failure(DatasetCode.CHECKSUM_MISMATCH.value, entry.name, local)
-    listed = {s.name for s in reader.shards}
+    listed = {s.name for s in table.entries()}
+    if reader.manifest.index is not None:  # validation ignores the index's own name
+        listed.add(reader.manifest.index.name)
     for raw in sorted(os.listdir(os.fsencode(reader.path))):
         name = os.fsdecode(raw)
         if raw.endswith(BATCH_SUFFIX) and name not in listed:
             return dataset_failure(DatasetCode.EXTRA_SHARD.value, name)
     return None
+
+
+def range_matches(digest: str | None, sums: npt.NDArray[np.uint64]) -> bool:
+    """Whether a shard's range of ``checksums.xxh3`` has the digest its index record states
+    (version 2, ``SPEC.md`` section 23.3: a checked read checks it before its slot); always
+    true for version 1, which has no such digest."""
+    return digest is None or bytes_xxh3(sums.tobytes()) == digest
 
 
 def read_regular_file(path: str) -> bytes:

@@ -40,7 +40,11 @@ CHECKSUMS_NAME: Final = "checksums.xxh3"
 
 MANIFEST_FORMAT: Final = "zerobatch.dataset"
 MANIFEST_VERSION: Final = 1
-"""The manifest's own version, independent of the file format's and of any library's."""
+"""The manifest's own version, independent of the file format's and of any library's: 1 lists
+every shard in the JSON."""
+MANIFEST_VERSION_INDEXED: Final = 2
+"""Version 2: the JSON names a shard index (``index.py``) that lists the shards."""
+MANIFEST_VERSIONS: Final = (MANIFEST_VERSION, MANIFEST_VERSION_INDEXED)
 
 CHECKSUM_ALGORITHM: Final = "xxh3-64"
 CHECKSUM_BYTES: Final = 8
@@ -80,6 +84,8 @@ class DatasetCode(str, Enum):
     CHECKSUMS_MISMATCH = "checksums_mismatch"
     CHECKSUM_MISMATCH = "checksum_mismatch"
     EXTRA_SHARD = "extra_shard"
+    INDEX_MISSING = "index_missing"
+    INDEX_MISMATCH = "index_mismatch"
 
     def __str__(self) -> str:
         return self.value
@@ -121,27 +127,60 @@ class Source:
 
 
 @dataclass(frozen=True)
+class IndexRef:
+    """A version 2 manifest's ``index``: the shard index's name, size and top digest."""
+
+    name: str
+    size: int
+    xxh3: str
+
+
+@dataclass(frozen=True)
 class Manifest:
-    """A parsed, checked manifest."""
+    """A parsed, checked manifest.
+
+    A version 2 manifest names its shard index (``index``) and gives ``shard_count`` and
+    ``declared_batches`` instead of listing the shards: its ``shards`` stay empty until a
+    reader of the index fills them in (``with_shards``).
+    """
 
     batch_size: int
     seq_len: int
     seed: int
-    shards: tuple[Shard, ...]
+    shards: Sequence[Shard]
     checksums_xxh3: str
     sources: tuple[Source, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     dtype: int = DTYPE_UINT32
     """The token dtype code of every shard (``"dtype"`` in the JSON, absent for 0)."""
+    version: int = MANIFEST_VERSION
+    index: IndexRef | None = None
+    shard_count: int | None = None
+    """Version 2: the number of shards the index lists."""
+    declared_batches: int | None = None
+    """Version 2: the number of slots the index's shards hold."""
 
     @property
     def num_batches(self) -> int:
-        """Slots over all shards."""
+        """Slots over all shards (version 2: as the manifest declares them)."""
+        if self.declared_batches is not None:
+            return self.declared_batches
         return sum(s.num_batches for s in self.shards)
 
     @property
+    def num_shards(self) -> int:
+        """Shards of the dataset (version 2: as the manifest declares them)."""
+        return self.shard_count if self.shard_count is not None else len(self.shards)
+
+    @property
     def shard_batches(self) -> list[int]:
-        """Each shard's slot count, in manifest order."""
+        """Each shard's slot count, in manifest order (a version 2 manifest's only once a
+        reader has filled in its shards from the index: ``ValueError`` before)."""
+        if self.shard_count is not None and len(self.shards) != self.shard_count:
+            raise ValueError(
+                "a version 2 manifest lists its shards in its index: open the dataset to read "
+                "them (zerobatch_spec.index)"
+            )
         return [s.num_batches for s in self.shards]
 
     def first_batches(self) -> npt.NDArray[np.int64]:
@@ -320,11 +359,15 @@ def _parse(data: bytes) -> Manifest:
             f"expected {MANIFEST_FORMAT!r}, found {obj.get('format')!r:.60}",
         )
     version = obj.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or version != MANIFEST_VERSION:
+    if (
+        isinstance(version, bool)
+        or not isinstance(version, int)
+        or version not in MANIFEST_VERSIONS
+    ):
         raise _ManifestError(
             DatasetCode.MANIFEST_UNSUPPORTED_VERSION,
             "version",
-            f"this reader knows manifest version {MANIFEST_VERSION}, found {version!r:.60}",
+            f"this reader knows manifest versions 1 and 2, found {version!r:.60}",
         )
     batch_size = _int(obj, "batch_size", "", 1, U32_MAX)
     seq_len = _int(obj, "seq_len", "", 1, U32_MAX)
@@ -339,6 +382,8 @@ def _parse(data: bytes) -> Manifest:
             f"{checksums!r:.80}",
         )
     digest = _hex16(checksums, "xxh3", "checksums.")
+    if version == MANIFEST_VERSION_INDEXED:
+        return _parse_indexed(obj, batch_size, seq_len, dtype, seed, digest)
     shards_obj, sources_obj = obj.get("shards"), obj.get("sources", [])
     if not isinstance(shards_obj, list):
         raise _ManifestError(DatasetCode.MANIFEST_BAD_FIELD, "shards", "expected a list of shards")
@@ -358,6 +403,58 @@ def _parse(data: bytes) -> Manifest:
     known = {"format", "version", "batch_size", "seq_len", "dtype", "seed", "checksums", "shards"}
     extra = {k: v for k, v in obj.items() if k not in known | {"sources"}}
     return Manifest(batch_size, seq_len, seed, shards, digest, sources, extra, dtype)
+
+
+_INDEXED_KEYS: Final = frozenset(
+    ("format", "version", "batch_size", "seq_len", "dtype", "seed", "checksums", "index")
+) | frozenset(("shard_count", "num_batches", "sources"))
+
+
+def _parse_indexed(
+    obj: dict[str, Any], batch_size: int, seq_len: int, dtype: int, seed: int, digest: str
+) -> Manifest:
+    """The rest of a version 2 manifest: ``index``, ``shard_count``, ``num_batches``,
+    ``sources`` (rule 4, in this order)."""
+    index = obj.get("index")
+    if not isinstance(index, dict):
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_FIELD,
+            "index",
+            "expected {'name': ..., 'size': ..., 'xxh3': ...}",
+        )
+    name = index.get("name")
+    if not is_shard_name(name) or name in (MANIFEST_NAME, CHECKSUMS_NAME):
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_FIELD,
+            "index.name",
+            f"expected a plain file name other than {MANIFEST_NAME} and {CHECKSUMS_NAME}, "
+            f"found {name!r:.60}",
+        )
+    size = _int(index, "size", "index.", 0, U64_MAX)
+    top = _hex16(index, "xxh3", "index.")
+    shard_count = _int(obj, "shard_count", "", 0, U64_MAX)
+    num_batches = _int(obj, "num_batches", "", 0, U64_MAX)
+    sources_obj = obj.get("sources", [])
+    if not isinstance(sources_obj, list):
+        raise _ManifestError(
+            DatasetCode.MANIFEST_BAD_FIELD, "sources", "expected a list of sources"
+        )
+    sources = tuple(_source(s, i) for i, s in enumerate(sources_obj))
+    extra = {k: v for k, v in obj.items() if k not in _INDEXED_KEYS}
+    return Manifest(
+        batch_size,
+        seq_len,
+        seed,
+        (),
+        digest,
+        sources,
+        extra,
+        dtype,
+        MANIFEST_VERSION_INDEXED,
+        IndexRef(name, size, top),
+        shard_count,
+        num_batches,
+    )
 
 
 def _dtype(obj: dict[str, Any]) -> int:
@@ -393,6 +490,9 @@ def build_manifest(manifest: Manifest) -> bytes:
     Writers use this so that the same dataset always has the same manifest bytes (and digest).
     """
 
+    if manifest.version == MANIFEST_VERSION_INDEXED:
+        return _build_indexed(manifest)
+
     def shard(s: Shard) -> dict[str, Any]:
         out: dict[str, Any] = {
             "name": s.name,
@@ -424,6 +524,29 @@ def build_manifest(manifest: Manifest) -> bytes:
     sources = [{"path": s.path, "records": list(s.records)} for s in manifest.sources]
     lines.append("], " + json.dumps({"sources": sources})[1:])
     return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _build_indexed(manifest: Manifest) -> bytes:
+    """A version 2 manifest's canonical bytes: one line of JSON, keys in the order of the
+    specification, then a line feed."""
+    if manifest.index is None or manifest.shard_count is None or manifest.declared_batches is None:
+        raise ValueError("a version 2 manifest needs its index, shard_count and num_batches")
+    index = manifest.index
+    obj: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION_INDEXED,
+        "batch_size": manifest.batch_size,
+        "seq_len": manifest.seq_len,
+        **({"dtype": manifest.dtype} if manifest.dtype != DTYPE_UINT32 else {}),
+        "seed": manifest.seed,
+        "checksums": {"algorithm": CHECKSUM_ALGORITHM, "xxh3": manifest.checksums_xxh3},
+        "index": {"name": index.name, "size": index.size, "xxh3": index.xxh3},
+        "shard_count": manifest.shard_count,
+        "num_batches": manifest.declared_batches,
+        **manifest.extra,
+        "sources": [{"path": s.path, "records": list(s.records)} for s in manifest.sources],
+    }
+    return (json.dumps(obj) + "\n").encode("utf-8")
 
 
 # -- order ---------------------------------------------------------------------------------------

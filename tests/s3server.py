@@ -147,8 +147,10 @@ class S3Proxy:
         self._thread.start()
 
     def reset(self) -> None:
-        """Zero the counters."""
+        """Zero the counters and empty the log."""
         with self._lock:
+            self.log: list[tuple[str, str, int]] = []
+            """Every request answered by the upstream: method, path, response body bytes."""
             self.counts = dict.fromkeys(
                 ("requests", "gets", "get_bytes", "slowdowns", "drops", "cuts"), 0
             )
@@ -199,6 +201,8 @@ class S3Proxy:
             connection.close()
         if handler.command == "GET":
             self._count(gets=1, get_bytes=len(data))
+        with self._lock:
+            self.log.append((handler.command, handler.path.split("?")[0], len(data)))
         handler.send_response(response.status, response.reason)
         skip = ("connection", "transfer-encoding", "content-length")
         for key, value in response.getheaders():

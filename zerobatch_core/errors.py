@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from zerobatch_spec import ErrorCode, Violation
+from zerobatch_spec.dataset import DatasetViolation
 
 from .redaction import scrub
 
@@ -34,6 +35,19 @@ class FormatError(ZeroBatchError, ValueError):
         self.field = violation.field
         self.detail = violation.detail
         super().__init__(f"{self.path}: {self.code.value}: field {self.field}: {self.detail}")
+
+
+class DatasetError(ZeroBatchError, ValueError):
+    """A dataset that does not match its manifest, or a manifest that breaks a rule.
+
+    ``code`` is the stable code (``zerobatch_spec.dataset.DatasetCode``), ``path`` the manifest
+    or shard concerned, ``where`` the manifest field or slot, and the message carries all three.
+    """
+
+    def __init__(self, path: str, violation: DatasetViolation) -> None:
+        self.path = path
+        self.code, self.where, self.detail = violation.code, violation.where, violation.detail
+        super().__init__(f"{path}: {self.code.value}: {self.where}: {self.detail}")
 
 
 class WriteError(ZeroBatchError, ValueError):

@@ -105,7 +105,7 @@ class _Layout:
     deficits: npt.NDArray[np.int64]
 
     @classmethod
-    def of(cls, shard_batches: tuple[int, ...], block_size: int) -> _Layout:
+    def of(cls, shard_batches: npt.NDArray[np.int64], block_size: int) -> _Layout:
         counts = np.asarray(shard_batches, dtype=np.int64)
         # As in ``dataset_blocks``: a block never outgrows its shard, so a block size beyond
         # the largest shard acts like it (and stays an int64).
@@ -129,7 +129,7 @@ class _Layout:
         return int(self.blocks[-1])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ShardedBlockOrder:
     """The dataset order (``SPEC.md`` section 14): blocks that never cross a shard's end.
 
@@ -147,7 +147,8 @@ class ShardedBlockOrder:
     per-batch cost depends on neither the number of shards nor the number of slots.
     """
 
-    shard_batches: tuple[int, ...]
+    shard_batches: npt.NDArray[np.int64]
+    """Each shard's slot count, in dataset order (read only)."""
     block_size: int
     seed: int
     shuffle: bool = True
@@ -159,7 +160,31 @@ class ShardedBlockOrder:
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}")
-        object.__setattr__(self, "_layout", _Layout.of(self.shard_batches, self.block_size))
+        counts = np.array(self.shard_batches, dtype=np.int64)  # the order's own copy
+        counts.flags.writeable = False
+        object.__setattr__(self, "shard_batches", counts)
+        object.__setattr__(self, "_layout", _Layout.of(counts, self.block_size))
+
+    def __repr__(self) -> str:
+        n = self.shard_batches.shape[0]
+        counts = str(tuple(self.shard_batches.tolist())) if n <= 16 else f"<{n} shards>"
+        return (
+            f"ShardedBlockOrder(shard_batches={counts}, block_size={self.block_size}, "
+            f"seed={self.seed}, shuffle={self.shuffle})"
+        )
+
+    def _identity(self) -> tuple[bytes, int, int, bool]:
+        return (self.shard_batches.tobytes(), self.block_size, self.seed, self.shuffle)
+
+    def __eq__(self, other: object) -> bool:
+        """Orders are equal when they serve the same slots: same shards, block size, seed and
+        shuffling (whatever each has cached)."""
+        if not isinstance(other, ShardedBlockOrder):
+            return NotImplemented
+        return self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
 
     @property
     def num_batches(self) -> int:
@@ -245,7 +270,10 @@ Order = BlockOrder | ShardedBlockOrder
 
 
 def sharded_order(
-    shard_batches: Sequence[int], block_size: int, seed: int, shuffle: bool = True
+    shard_batches: Sequence[int] | npt.NDArray[np.int64],
+    block_size: int,
+    seed: int,
+    shuffle: bool = True,
 ) -> ShardedBlockOrder:
     """The dataset order of shards with these slot counts."""
-    return ShardedBlockOrder(tuple(int(n) for n in shard_batches), block_size, seed, shuffle)
+    return ShardedBlockOrder(np.asarray(shard_batches, dtype=np.int64), block_size, seed, shuffle)

@@ -32,12 +32,17 @@ import hashlib
 import json
 import os
 import random
+import re
+import shutil
+import struct
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
+from zerobatch_conformance.dataset_files import HEAD_FIELDS, RECORD_FIELDS
 from zerobatch_conformance.generate import assemble, pseudo_tokens
 from zerobatch_conformance.probe import describe_batch_file
 from zerobatch_spec import (
@@ -59,6 +64,16 @@ from zerobatch_spec import (
     parse_header,
 )
 from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME, Source, bytes_xxh3
+from zerobatch_spec.index import (
+    HEAD,
+    HEAD_SIZE,
+    INDEX_NAME,
+    PAGE_ENTRY,
+    RECORD,
+    RECORD_SIZE,
+    RUN,
+    top_size,
+)
 
 from zerobatch_core import BatchFileReader, FormatError, ZeroBatchError, validate_file
 
@@ -435,6 +450,16 @@ def check(path: str, data: bytes) -> str:
 # * ``("fifo", file)``, ``("symlink", file, target)``, ``("dir", file)``, ``("remove", file)``:
 #   the file replaced by a FIFO, a link, a directory, or nothing;
 # * ``("copy", source, file)``: another file with ``source``'s bytes (a stray object);
+# * version 2 datasets, the shard index (``SPEC.md`` section 23) named by the manifest:
+#   ``("ihead", field, value, seal)`` a head field, ``("irun", k, column, value, seal)`` a run's
+#   shard or slot count, ``("itable", p, column, value, seal)`` a page table entry's offset,
+#   length or digest, ``("irecord", shard, field, value, seal)`` a field of a shard's record,
+#   ``("iname", shard, name, seal)`` a name appended to the last page and the shard's record
+#   pointed at it, ``("islots", n)`` every run's shards claiming ``n`` slots each (the head and
+#   the manifest agreeing, sealed: huge consistent counts reach the code that sizes memory from
+#   them); with ``seal`` (and ``("iseal", pages)``) the digests above the edit are recomputed
+#   (each page's with ``pages``, the top's, the manifest's ``index.size`` and ``index.xxh3``),
+#   so that the edit reaches the checks behind them;
 # * live only: ``("ahead", delta, batches, start, offset)``: a new manifest version ``delta``
 #   past the newest, valid on its own (no segments, no tail) but claiming ``batches``,
 #   ``start`` and producer offsets ``offset``: the crafted far-ahead version;
@@ -706,9 +731,215 @@ def apply_tree(tree: Tree, ops: Sequence[Op]) -> Tree:
         elif kind == "copy":
             if op[1] in files:
                 files[op[2]] = files[op[1]]
+        elif kind in INDEX_OPS:
+            _index_op(files, op)
         elif kind not in LIVE_OPS:
             raise ValueError(f"unknown mutation {op!r}")
     return files, special
+
+
+# -- version 2: the shard index ---------------------------------------------------------------
+
+
+def _layout(st: struct.Struct, names: Sequence[str]) -> dict[str, tuple[int, str]]:
+    """Each field of a little-endian struct: its offset and its ``struct`` code."""
+    out: dict[str, tuple[int, str]] = {}
+    at = 0
+    codes = re.findall(r"(\d*)([a-zA-Z])", st.format[1:])
+    for name, (count, code) in zip(names, codes, strict=True):
+        one = f"<{count}{code}"
+        out[name] = (at, one)
+        at += struct.calcsize(one)
+    return out
+
+
+HEAD_LAYOUT = _layout(HEAD, (*HEAD_FIELDS, "top_xxh3"))
+"""Offset and code of each field of an index head."""
+RECORD_LAYOUT = _layout(RECORD, RECORD_FIELDS)
+"""Offset and code of each field of a shard record."""
+INDEX_FIELDS = tuple(n for n in HEAD_LAYOUT if n not in ("magic", "reserved", "top_xxh3"))
+"""Head fields set to extreme integers."""
+
+
+def _index_name(files: dict[str, bytes]) -> str | None:
+    """The index's name as the manifest gives it (a version 2 manifest), else ``None``."""
+    doc = _load_json(files.get(MANIFEST_NAME, b""))
+    ref = doc.get("index") if isinstance(doc, dict) else None
+    name = ref.get("name") if isinstance(ref, dict) else None
+    return name if isinstance(name, str) and name in files else None
+
+
+def _put(data: bytearray, at: int, code: str, value: Any) -> None:
+    """Set the field of ``code`` at ``at`` (nothing outside the data), a number masked to its
+    width."""
+    size = struct.calcsize(code)
+    if at < 0 or at + size > len(data):
+        return
+    if code.endswith("s"):
+        raw = bytes(value) if isinstance(value, (bytes, bytearray, list)) else str(value).encode()
+        data[at : at + size] = raw[:size].ljust(size, b"\0")
+    else:
+        data[at : at + size] = (int(value) & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
+
+
+def _get(data: bytes | bytearray, at: int, size: int) -> int | None:
+    return int.from_bytes(data[at : at + size], "little") if at + size <= len(data) else None
+
+
+def _page_entry(data: bytes | bytearray, page: int) -> int | None:
+    """Offset in the index of page ``page``'s entry in the page table (``None`` if none)."""
+    runs, pages = (
+        _get(data, HEAD_LAYOUT["run_count"][0], 8),
+        _get(data, HEAD_LAYOUT["page_count"][0], 8),
+    )
+    if runs is None or pages is None or not 0 <= page < pages:
+        return None
+    at = HEAD_SIZE + runs * RUN.size + page * PAGE_ENTRY.size
+    return at if at + PAGE_ENTRY.size <= len(data) else None
+
+
+def _record_at(data: bytes | bytearray, shard: int) -> int | None:
+    """Offset in the index of shard ``shard``'s record, by its page's table entry."""
+    per = _get(data, HEAD_LAYOUT["page_records"][0], 4)
+    if not per:
+        return None
+    entry = _page_entry(data, shard // per)
+    if entry is None:
+        return None
+    offset = _get(data, entry, 8)
+    return None if offset is None else offset + (shard % per) * RECORD_SIZE
+
+
+def seal_index(files: dict[str, bytes], pages: bool) -> None:
+    """Recompute the digests above whatever the index holds: each page's (``pages``), the
+    top's, and the manifest's ``index.size`` and ``index.xxh3``; parts that do not fit the
+    file are left as they are."""
+    name = _index_name(files)
+    if name is None:
+        return
+    data = bytearray(files[name])
+    top = top_size(bytes(data[:HEAD_SIZE]))
+    if top is not None and top <= len(data):
+        count = _get(data, HEAD_LAYOUT["page_count"][0], 8) or 0
+        for page in range(count if pages else 0):
+            entry = _page_entry(data, page)
+            if entry is None:
+                break
+            offset, length = _get(data, entry, 8) or 0, _get(data, entry + 8, 8) or 0
+            if offset + length <= len(data):
+                _put(
+                    data,
+                    entry + 16,
+                    "<Q",
+                    xxhash.xxh3_64_intdigest(bytes(data[offset : offset + length])),
+                )
+        digest = xxhash.xxh3_64_intdigest(bytes(data[: HEAD_SIZE - 8] + data[HEAD_SIZE:top]))
+        _put(data, HEAD_SIZE - 8, "<Q", digest)
+    files[name] = bytes(data)
+    stated = _get(data, HEAD_SIZE - 8, 8)
+
+    def fix(obj: Any) -> bytes | None:
+        ref = obj.get("index") if isinstance(obj, dict) else None
+        if not isinstance(ref, dict):
+            return None
+        ref["size"] = len(data)
+        if stated is not None:
+            ref["xxh3"] = f"{stated:016x}"
+        return _dump_json(obj)
+
+    _edit_json(files, MANIFEST_NAME, fix)
+
+
+def _index_op(files: dict[str, bytes], op: Op) -> None:
+    """Apply an index mutation (``ihead``, ``irun``, ``itable``, ``irecord``, ``iname``,
+    ``islots``, ``iseal``) to the index the manifest names, if it has one."""
+    kind = op[0]
+    if kind == "iseal":
+        seal_index(files, bool(op[1]))
+        return
+    name = _index_name(files)
+    if name is None:
+        return
+    data = bytearray(files[name])
+    seal = bool(op[-1]) if kind != "islots" else True
+    if kind == "ihead":
+        at, code = HEAD_LAYOUT[op[1]]
+        _put(data, at, code, op[2])
+    elif kind == "irun":
+        _put(data, HEAD_SIZE + op[1] * RUN.size + 8 * op[2], "<Q", op[3])
+    elif kind == "itable":
+        entry = _page_entry(data, op[1])
+        if entry is not None:
+            _put(data, entry + 8 * op[2], "<Q", op[3])
+    elif kind == "irecord":
+        at = _record_at(data, op[1])
+        if at is not None:
+            offset, code = RECORD_LAYOUT[op[2]]
+            _put(data, at + offset, code, op[3])
+    elif kind == "iname":
+        at, count = _record_at(data, op[1]), _get(data, HEAD_LAYOUT["page_count"][0], 8) or 0
+        entry = _page_entry(data, count - 1)
+        if at is not None and entry is not None:
+            start, length = _get(data, entry, 8) or 0, _get(data, entry + 8, 8) or 0
+            raw = str(op[2]).encode("utf-8", "surrogateescape")
+            if start <= at < start + length and start + length == len(data):
+                _put(data, at + RECORD_LAYOUT["name_offset"][0], "<I", length)
+                _put(data, at + RECORD_LAYOUT["name_length"][0], "<I", len(raw))
+                _put(data, entry + 8, "<Q", length + len(raw))
+                data += raw
+    elif kind == "islots":
+        shards = _get(data, HEAD_LAYOUT["shard_count"][0], 8)
+        runs = _get(data, HEAD_LAYOUT["run_count"][0], 8)
+        if shards and runs and HEAD_SIZE + runs * RUN.size <= len(data):
+            n = int(op[1])  # every run's shards of n slots each
+            for k in range(runs):
+                _put(data, HEAD_SIZE + k * RUN.size + 8, "<Q", n)
+            _put(data, HEAD_LAYOUT["num_batches"][0], "<Q", shards * n)
+
+            def claim(obj: Any, total: int = shards * n) -> bytes | None:
+                if not isinstance(obj, dict):
+                    return None
+                obj["num_batches"] = total
+                return _dump_json(obj)
+
+            _edit_json(files, MANIFEST_NAME, claim)
+    files[name] = bytes(data)
+    if seal:
+        seal_index(files, True)
+
+
+def random_index_op(rng: random.Random, files: dict[str, bytes]) -> Op:
+    """One mutation of a version 2 dataset's index (its manifest names one)."""
+    seal = rng.random() < 0.7
+    data = files.get(_index_name(files) or "", b"")
+    shards = _get(data, HEAD_LAYOUT["shard_count"][0], 8) or 1
+    runs = _get(data, HEAD_LAYOUT["run_count"][0], 8) or 1
+    shard = rng.randrange(min(shards, 1 << 16) + 1)
+    roll = rng.random()
+    if roll < 0.22:
+        field = rng.choice(INDEX_FIELDS)
+        value = rng.choice((*U64_EXTREMES, *U32_EXTREMES, 1, 2, 64, 65536, 65537))
+        if rng.random() < 0.1:
+            return ("ihead", "magic", rng.choice((b"ZBSHARDX", bytes(8))), seal)
+        if rng.random() < 0.05:
+            return ("ihead", "reserved", [1], seal)
+        return ("ihead", field, value, seal)
+    if roll < 0.36:
+        value = rng.choice((*U64_EXTREMES, 1, 2, 3))
+        return ("irun", rng.randrange(min(runs, 1 << 16) + 1), rng.randrange(2), value, seal)
+    if roll < 0.48:
+        value = rng.choice((*U64_EXTREMES, rng.randrange(len(data) + 2)))
+        return ("itable", rng.randrange(2), rng.randrange(3), value, seal)
+    if roll < 0.75:
+        field = rng.choice(RECORD_FIELDS)
+        value = rng.choice((*U64_EXTREMES, *U32_EXTREMES))
+        return ("irecord", shard, field, value, seal)
+    if roll < 0.88:
+        name = rng.choice((*HOSTILE_NAMES, INDEX_NAME, "ok.batch", "shard-00001.batch"))
+        return ("iname", shard, name, seal)
+    if roll < 0.93:
+        return ("islots", rng.choice((0, 1, 2, 3, 1 << 20, U32_MAX - 1, U32_MAX, U32_MAX + 1)))
+    return ("iseal", rng.random() < 0.8)
 
 
 def materialize(tree: Tree, root: str) -> None:
@@ -781,9 +1012,9 @@ def _byte_op(rng: random.Random, name: str, data: bytes) -> Op:
 
 
 def _dataset_bases() -> tuple[Tree, ...]:
-    """Three small valid dataset directories, built by ZeroBatch's own writers (the third of
-    uint16 tokens), and the valid LLMBATCH file ``outside.batch`` that lives beside each (the
-    target of traversal names)."""
+    """Five small valid dataset directories, built by ZeroBatch's own writers (the third of
+    uint16 tokens, the last two of manifest version 2, with a shard index), and the valid
+    LLMBATCH file ``outside.batch`` that lives beside each (the target of traversal names)."""
     from zerobatch_core import create_dataset, write_batch_file, write_sharded_dataset
 
     bases: list[Tree] = []
@@ -818,7 +1049,25 @@ def _dataset_bases() -> tuple[Tree, ...]:
             sources=[Source("train.bin", (0, 13))],
             dtype="uint16",
         )
-        for root in (a, b, c):
+        # Version 2 (SPEC.md section 23): the first dataset described by a shard index (2
+        # runs, generated names), and the second's files (names in the index's page).
+        d = os.path.join(tmp, "d")
+        write_sharded_dataset(
+            d,
+            [records],
+            batch_size=2,
+            seq_len=8,
+            shard_batches=2,
+            seed=5,
+            sources=[Source("in.npy", (0, 11))],
+            manifest_version=2,
+        )
+        e = os.path.join(tmp, "e")
+        os.makedirs(e)
+        for name in ("b.batch", "a.batch"):
+            shutil.copyfile(os.path.join(b, name), os.path.join(e, name))
+        create_dataset(e, ["b.batch", "a.batch"], seed=9, manifest_version=2)
+        for root in (a, b, c, d, e):
             files = {}
             for name in sorted(os.listdir(root)):
                 with open(os.path.join(root, name), "rb") as f:
@@ -843,6 +1092,13 @@ def random_dataset_op(rng: random.Random, tree: Tree) -> Op:
         if isinstance(manifest, dict) and isinstance(manifest.get("shards"), list)
         else 0
     )
+    index = _index_name(files)
+    if index is not None and rng.random() < 0.45:
+        if rng.random() < 0.1:
+            return ("set", MANIFEST_NAME, ["index", "name"], rng.choice(HOSTILE_NAMES))
+        if rng.random() < 0.15:
+            return _byte_op(rng, index, files[index])
+        return random_index_op(rng, files)
     roll = rng.random()
     if roll < 0.35 and manifest is not _INVALID:
         op = _json_op(rng, MANIFEST_NAME, manifest)
@@ -868,7 +1124,7 @@ def random_dataset_op(rng: random.Random, tree: Tree) -> Op:
         name = rng.choice((MANIFEST_NAME, MANIFEST_NAME, CHECKSUMS_NAME))
         return _byte_op(rng, name, files.get(name, b""))
     shard_names = sorted(n for n in files if n.endswith(".batch"))
-    name = rng.choice((MANIFEST_NAME, CHECKSUMS_NAME, *shard_names))
+    name = rng.choice((MANIFEST_NAME, CHECKSUMS_NAME, *shard_names, *([index] if index else [])))
     roll = rng.random()
     if roll < 0.4:
         return ("symlink", name, rng.choice(LINK_TARGETS))
@@ -882,7 +1138,11 @@ def random_dataset_op(rng: random.Random, tree: Tree) -> Op:
 
 
 def _fixsums(rng: random.Random, ops: list[Op], tree: Tree) -> Op | None:
-    """Let odd checksums reach the slots: the manifest's digest refitted, now and then."""
+    """Let odd checksums reach the slots: the manifest's digest refitted, now and then; and
+    (version 2) an index edited byte by byte sealed again, so that it reaches the checks
+    behind its digests."""
+    if _index_name(tree[0]) is not None and rng.random() < 0.3 and ops[-1][0] != "iseal":
+        return ("iseal", rng.random() < 0.7)
     return ("fixsums",) if rng.random() < 0.3 and ops[-1][0] != "fixsums" else None
 
 
@@ -893,6 +1153,9 @@ def random_dataset_mutant(seed: int, index: int) -> tuple[int, list[Op], Tree]:
 
 
 # -- live datasets -------------------------------------------------------------------------
+
+INDEX_OPS = ("ihead", "irun", "itable", "irecord", "iname", "islots", "iseal")
+"""Mutations of a version 2 dataset's shard index (``_index_op``)."""
 
 LIVE_OPS = ("ahead", "shrink", "mark", "record", "ldtype")
 """Mutations only ``apply_live`` knows (they need the live dataset's rules or its API)."""

@@ -37,6 +37,7 @@ from zerobatch_spec.dataset import (
     parse_manifest,
     shard_seed,
 )
+from zerobatch_spec.index import IndexedShard, IndexTop, iter_shards, parse_top
 from zerobatch_spec.shuffle import GOLDEN_GAMMA, mix64
 
 from zerobatch_core import FormatError, ZeroBatchIOError
@@ -96,7 +97,7 @@ def test_dataset_orders_through_the_runner() -> None:
     assert len(derived) == 5 * len(VALID)
 
 
-@pytest.mark.parametrize("entry", DATASETS, ids=ids(DATASETS))
+@pytest.mark.parametrize("entry", DATASETS, ids=[e["id"] for e in DATASETS])
 def test_deep_validation_reports_the_vector_first(entry: dict[str, Any]) -> None:
     """``validate_dataset`` lists every failure in section 13's order: its first is the
     vector's answer, naming the same field or shard and slot."""
@@ -134,7 +135,7 @@ def test_valid_dataset_through_the_reference_and_the_core(entry: dict[str, Any])
     raw = (path / MANIFEST_NAME).read_bytes()
     manifest = parse_manifest(raw)
     assert isinstance(manifest, Manifest)
-    assert manifest.shard_batches == want["shard_batches"]
+    assert reference_shard_batches(path, manifest) == want["shard_batches"]
     if "unknown-keys" not in entry["flags"]:  # written by a writer: the canonical bytes
         assert build_manifest(manifest) == raw
     sums = np.frombuffer((path / CHECKSUMS_NAME).read_bytes(), dtype="<u8")
@@ -152,6 +153,40 @@ def test_valid_dataset_through_the_reference_and_the_core(entry: dict[str, Any])
             assert spec.tolist() == case["order"]
             core = reader.order(case["block_size"], case["seed"], case["shuffle"])
             assert core.epoch_order(case["epoch"]).tolist() == case["order"]
+
+
+def reference_shard_batches(path: Path, manifest: Manifest) -> list[int]:
+    """Each shard's slot count by the reference: the manifest's list (version 1), or every
+    record of the index, each page checked (version 2), which must agree with its runs."""
+    if manifest.index is None:
+        return manifest.shard_batches
+    assert manifest.version == 2
+    data = (path / manifest.index.name).read_bytes()
+    assert len(data) == manifest.index.size
+    top = parse_top(data, len(data))
+    assert isinstance(top, IndexTop) and top.xxh3 == manifest.index.xxh3
+    assert (top.shard_count, top.num_batches) == (manifest.shard_count, manifest.num_batches)
+    entries = list(iter_shards(top, data))
+    assert all(isinstance(e, IndexedShard) for e in entries)
+    counts = [e.shard.num_batches for e in entries if isinstance(e, IndexedShard)]
+    assert counts == top.shard_batches().tolist()
+    return counts
+
+
+def test_version_2_vectors_exist() -> None:
+    """Version 2 (SPEC.md section 23): valid datasets of every kind, and a broken index for
+    each check of section 23.3."""
+    v2 = of("v2")
+    valid = [e for e in v2 if "dataset-valid" in e["flags"]]
+    assert len(valid) >= 8 and len(v2) >= 100
+    for flag in ("writer", "described", "no-shards", "uint16", "pages", "index-name"):
+        assert any(flag in e["flags"] for e in valid), flag
+    flags = {f for e in v2 for f in e["flags"]}
+    for flag in ("index_missing", "index_mismatch", "checksums_mismatch", "extra_shard", "page"):
+        assert flag in flags, flag
+    wheres = {doc(e)["expected"].get("where") for e in v2}
+    for where in ("index", "index.top_xxh3", "index.runs", "index.pages[1]", "index.magic"):
+        assert where in wheres, where
 
 
 WRITTEN = [e for e in VALID if "dataset_writer_input" in doc(e)]
@@ -179,6 +214,7 @@ def test_the_sharded_writer_reproduces_the_vector(entry: dict[str, Any], tmp_pat
         sources=[Source(s["path"], tuple(s["records"])) for s in spec["sources"]],
         allow_empty=True,
         dtype=spec.get("dtype", 0),  # the dtype code, stated only where it is not 0
+        manifest_version=spec.get("manifest_version", 1),  # stated only where it is not 1
     )
     same_tree(tmp_path / "out", VECTORS / entry["input"])
 
@@ -190,7 +226,9 @@ def test_create_dataset_reproduces_the_vector(entry: dict[str, Any], tmp_path: P
     out.mkdir()
     for name in spec["names"]:
         shutil.copyfile(VECTORS / entry["input"] / name, out / name)
-    create_dataset(out, spec["names"], seed=spec["seed"])
+    create_dataset(
+        out, spec["names"], seed=spec["seed"], manifest_version=spec.get("manifest_version", 1)
+    )
     same_tree(out, VECTORS / entry["input"])
 
 
@@ -198,6 +236,8 @@ def test_writer_vectors_exist() -> None:
     assert len(WRITTEN) >= 4 and len(DESCRIBED) >= 1
     assert sum("uint16" in e["flags"] for e in WRITTEN) >= 2
     assert sum("uint16" in e["flags"] for e in DESCRIBED) >= 1
+    assert sum("manifest_version" in doc(e)["dataset_writer_input"] for e in WRITTEN) >= 4
+    assert sum("manifest_version" in doc(e)["dataset_create_input"] for e in DESCRIBED) >= 2
 
 
 # -- what a loader finds on read, and what only deep validation finds ---------------------------

@@ -21,10 +21,16 @@ Layout per the seed document (little-endian throughout):
     padded_batch_bytes = ceil(raw_batch_bytes / 4096) * 4096
     offset(i)          = 4096 + i * padded_batch_bytes
     file_size          = 4096 + num_batches * padded_batch_bytes
+
+Datasets (``read_dataset_shards``): a directory of such files named by ``manifest.json``, as
+ZeroBatch's first datasets wrote it (manifest version 1, every shard listed by name). This
+reader knows that version alone and refuses any other by its version, as a reader written
+before later versions existed would.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from typing import Any
@@ -175,3 +181,20 @@ def write_file(
             f.write(np.ascontiguousarray(arr, dtype="<u4").tobytes())
             f.write(pad)
     return len(batches)
+
+
+MANIFEST_FORMAT = "zerobatch.dataset"
+MANIFEST_VERSION = 1
+
+
+def read_dataset_shards(path: str | os.PathLike[str]) -> list[str]:
+    """The shard file paths of the dataset directory ``path``, in manifest order; ``ValueError``
+    naming ``manifest_unsupported_version`` for a manifest of any version but 1."""
+    with open(os.path.join(path, "manifest.json"), "rb") as f:
+        doc = json.loads(f.read().decode("utf-8"))
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+        raise ValueError("manifest_bad_format: not a zerobatch.dataset manifest")
+    version = doc.get("version")
+    if type(version) is not int or version != MANIFEST_VERSION:
+        raise ValueError(f"manifest_unsupported_version: version {version!r}")
+    return [os.path.join(path, shard["name"]) for shard in doc["shards"]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -415,3 +417,56 @@ def test_uint16_file_holds_the_seed_readers_tokens_at_half_the_width(tmp_path: P
     assert zerobatch_core.validate_file(forged, deep=False).valid
     report = zerobatch_core.validate_file(forged, deep=True)
     assert report.code is not None and report.code.value == "nonzero_padding"
+
+
+# -- datasets: a reader of manifest version 1 alone ----------------------------------------
+
+
+def dataset_vectors(version: int) -> list[str]:
+    """Dataset vectors whose manifest says ``version`` (JSON ones only)."""
+    names = []
+    for folder in sorted(VECTORS.glob("*.dataset")):
+        manifest = folder / "manifest.json"
+        if not manifest.is_file():
+            continue
+        try:
+            doc = json.loads(manifest.read_bytes())
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and doc.get("version") == version:
+            names.append(folder.name)
+    return names
+
+
+V1_VALID = [
+    e["id"]
+    for e in json.loads((VECTORS / "index.json").read_text())["vectors"]
+    if "dataset-valid" in e["flags"] and "uint16" not in e["flags"] and "v2" not in e["flags"]
+]
+V2_DATASETS = dataset_vectors(2)
+
+
+def test_version_2_dataset_vectors_exist() -> None:
+    assert len(V2_DATASETS) >= 100 and len(V1_VALID) >= 4
+
+
+@pytest.mark.parametrize("name", V2_DATASETS)
+def test_seed_reader_refuses_every_version_2_dataset_by_its_version(name: str) -> None:
+    """A reader of manifest version 1 must refuse a version 2 manifest by its version (SPEC.md
+    rule 3), valid or not: it never takes a dataset described by a shard index for one with no
+    shards."""
+    with pytest.raises(ValueError, match="manifest_unsupported_version"):
+        seed_impl.read_dataset_shards(VECTORS / name)
+
+
+@pytest.mark.parametrize("vid", V1_VALID)
+def test_seed_reader_reads_every_valid_version_1_dataset(vid: str) -> None:
+    """The same reader serves every valid version 1 dataset of dtype 0 with the vector's
+    tokens, slot by slot in dataset order."""
+    want = json.loads((VECTORS / f"{vid}.expected.json").read_text())["expected"]
+    digests = [
+        hashlib.sha256(np.ascontiguousarray(batch, dtype="<u4").tobytes()).hexdigest()
+        for shard in seed_impl.read_dataset_shards(VECTORS / f"{vid}.dataset")
+        for batch in seed_impl.read_batches(shard)
+    ]
+    assert digests == want["batch_sha256"]

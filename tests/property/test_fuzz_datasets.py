@@ -87,6 +87,9 @@ ATTACKS = [
     # Metadata files that are not regular files, refused without blocking.
     pytest.param(DATASETS, 0, [["fifo", "manifest.json"]], id="manifest-fifo"),
     pytest.param(DATASETS, 1, [["fifo", "checksums.xxh3"]], id="checksums-fifo"),
+    # A version 2 index (bases 3 and 4) whose runs claim 2**32 - 1 slots a shard, resealed.
+    pytest.param(DATASETS, 3, [["islots", 4294967295]], id="index-runs-claim-u32-max-slots"),
+    pytest.param(DATASETS, 4, [["fifo", "shards.zbi"]], id="index-fifo"),
 ]
 
 

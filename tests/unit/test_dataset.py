@@ -209,7 +209,7 @@ def test_broken_checksums_file_is_refused(dataset: Path) -> None:
     ("edit", "code", "where"),
     [
         (lambda m: m.update(format="x"), "manifest_bad_format", "format"),
-        (lambda m: m.update(version=2), "manifest_unsupported_version", "version"),
+        (lambda m: m.update(version=3), "manifest_unsupported_version", "version"),
         (lambda m: m.update(batch_size=0), "manifest_bad_field", "batch_size"),
         (
             lambda m: m["shards"][1].update(name="../etc/passwd"),

@@ -146,6 +146,20 @@ def dataset_directory(path: str) -> None:
 # --- argument types -----------------------------------------------------------------------------
 
 
+def add_manifest_version(p: argparse.ArgumentParser) -> None:
+    """``--manifest-version`` of the commands that write datasets."""
+    p.add_argument(
+        "--manifest-version",
+        type=int,
+        choices=[1, 2],
+        default=1,
+        help="the dataset's manifest version: 1 lists every shard in manifest.json; 2 lists "
+        "them in a shard index (shards.zbi) that a reader reads a page at a time, so that "
+        "opening costs the same for 100,000 shards as for ten (readers before version 2 "
+        "refuse it) (default: 1)",
+    )
+
+
 def positive(text: str) -> int:
     try:
         v = int(text)

@@ -15,7 +15,7 @@ from zerobatch_spec.dataset import MANIFEST_NAME
 
 from ..errors import WriteError
 from ..live.retention import ChainError, reclaim
-from .common import EXIT_INVALID, EXIT_OK, UsageError, plural, u64
+from .common import EXIT_INVALID, EXIT_OK, UsageError, add_manifest_version, plural, u64
 from .flags import Parser
 
 
@@ -46,9 +46,16 @@ def cmd_dataset_create(args: argparse.Namespace) -> int:
         )
     except WriteError as e:
         raise UsageError(str(e)) from e
-    manifest = create_dataset(directory, names, seed=args.seed, overwrite=args.overwrite)
+    manifest = create_dataset(
+        directory,
+        names,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        manifest_version=args.manifest_version,
+    )
     summary = {
         "path": os.path.join(directory, MANIFEST_NAME),
+        "manifest_version": manifest.version,
         "shards": len(manifest.shards),
         "num_batches": manifest.num_batches,
         "batch_size": manifest.batch_size,
@@ -148,6 +155,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="replace the manifest of a directory that is already a dataset (default: refuse)",
     )
+    add_manifest_version(c)
     c.add_argument("--quiet", action="store_true", help="print nothing but errors")
     c.add_argument("--json", action="store_true", help="print one JSON object (default: text)")
     c.set_defaults(func=cmd_dataset_create)

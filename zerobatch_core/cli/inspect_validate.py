@@ -14,7 +14,7 @@ from typing import Any
 
 from zerobatch_spec import DTYPE_NAMES as DTYPE_NAMES  # the name of each code (cli exports it)
 from zerobatch_spec import padded_batch_bytes
-from zerobatch_spec.dataset import CHECKSUM_ALGORITHM, MANIFEST_FORMAT, MANIFEST_VERSION
+from zerobatch_spec.dataset import CHECKSUM_ALGORITHM, MANIFEST_FORMAT, Manifest
 
 from ..datasets.dataset import DatasetError, DatasetReader
 from ..datasets.validation import DatasetReport, validate_dataset
@@ -31,6 +31,42 @@ def dtype_text(code: int) -> str:
     return f"{code} ({DTYPE_NAMES.get(code, 'unknown')})"
 
 
+def _dataset_info(reader: DatasetReader) -> tuple[dict[str, Any], Manifest]:
+    """What ``inspect`` shows of an open dataset (every shard entry read: a version 2
+    dataset's index is read whole)."""
+    m = reader.manifest
+    batches = [s.num_batches for s in m.shards]
+    records = sum(s.total_records for s in m.shards)
+    info: dict[str, Any] = {
+        "path": reader.path,
+        "format": MANIFEST_FORMAT,
+        "version": m.version,
+        "shards": m.num_shards,
+        "num_batches": m.num_batches,
+        "batch_size": m.batch_size,
+        "seq_len": m.seq_len,
+        "seed": m.seed,
+        "dtype": m.dtype,
+        "dtype_name": DTYPE_NAMES[m.dtype],
+        "padded_batch_bytes": padded_batch_bytes(m.batch_size, m.seq_len, m.dtype),
+        "size": sum(s.size for s in m.shards),
+        "tokens": m.num_batches * m.batch_size * m.seq_len,
+        "total_records": records,
+        "dropped_records": records - m.num_batches * m.batch_size,
+        "shard_batches_min": min(batches, default=0),
+        "shard_batches_max": max(batches, default=0),
+        "checksum_algorithm": CHECKSUM_ALGORITHM,
+        "checksums_xxh3": m.checksums_xxh3,
+    }
+    if m.index is not None:
+        info["index"] = m.index.name
+        info["index_size"] = m.index.size
+        info["index_xxh3"] = m.index.xxh3
+    info["manifest_sha256"] = reader.manifest_sha256
+    info["sources"] = len(m.sources)
+    return info, m
+
+
 def _inspect_dataset(args: argparse.Namespace) -> int:
     dataset_directory(args.file)
     try:
@@ -38,33 +74,12 @@ def _inspect_dataset(args: argparse.Namespace) -> int:
     except DatasetError as e:
         error = {"code": e.code.value, "field": e.where, "detail": e.detail}
         return report_invalid("inspect", e.path, error, e, args.json)
-    with reader:
-        m = reader.manifest
-        batches = [s.num_batches for s in m.shards]
-        records = sum(s.total_records for s in m.shards)
-        info: dict[str, Any] = {
-            "path": reader.path,
-            "format": MANIFEST_FORMAT,
-            "version": MANIFEST_VERSION,
-            "shards": len(m.shards),
-            "num_batches": m.num_batches,
-            "batch_size": m.batch_size,
-            "seq_len": m.seq_len,
-            "seed": m.seed,
-            "dtype": m.dtype,
-            "dtype_name": DTYPE_NAMES[m.dtype],
-            "padded_batch_bytes": padded_batch_bytes(m.batch_size, m.seq_len, m.dtype),
-            "size": sum(s.size for s in m.shards),
-            "tokens": m.num_batches * m.batch_size * m.seq_len,
-            "total_records": records,
-            "dropped_records": records - m.num_batches * m.batch_size,
-            "shard_batches_min": min(batches, default=0),
-            "shard_batches_max": max(batches, default=0),
-            "checksum_algorithm": CHECKSUM_ALGORITHM,
-            "checksums_xxh3": m.checksums_xxh3,
-            "manifest_sha256": reader.manifest_sha256,
-            "sources": len(m.sources),
-        }
+    try:
+        with reader:
+            info, m = _dataset_info(reader)
+    except DatasetError as e:  # a version 2 index's page, read as its shards are listed
+        error = {"code": e.code.value, "field": e.where, "detail": e.detail}
+        return report_invalid("inspect", e.path, error, e, args.json)
     if args.json:
         info["shard_list"] = [
             {

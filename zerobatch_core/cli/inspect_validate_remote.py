@@ -89,6 +89,7 @@ def _info(source: RemoteSource) -> dict[str, Any]:
         d = source.manifest
         info.update(
             kind="dataset",
+            manifest_version=d.version,
             shards=len(d.shards),
             num_batches=d.num_batches,
             batch_size=b,

@@ -22,7 +22,7 @@ from zerobatch_spec import HEADER_SIZE, TOKEN_DTYPE
 from ..errors import MissingDependencyError, ZeroBatchError
 from ..redaction import remember, scrub
 from ..version import __version__
-from . import dataset_actions, demo, inspect_validate, produce, trace, write_convert
+from . import dataset_actions, demo, inspect_validate, plan, produce, trace, write_convert
 from .common import (
     EXIT_CODES,
     EXIT_INTERNAL,
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
 
-    for group in (inspect_validate, write_convert, produce, dataset_actions, trace):
+    for group in (inspect_validate, write_convert, produce, dataset_actions, trace, plan):
         group.register(sub)
     for register in _command_plugins():  # zerobatch conformance, zerobatch probe, ...
         register(sub)

@@ -22,6 +22,7 @@ from .common import (
     EXIT_OK,
     ProgressDisplay,
     UsageError,
+    add_manifest_version,
     check_output_argument,
     check_readable,
     positive,
@@ -76,6 +77,7 @@ def cmd_write(args: argparse.Namespace) -> int:
     if width == 0:
         raise UsageError(f"{args.input}: records have 0 tokens (shape {shape})")
     check_output_argument(args, [args.input])
+    _check_manifest_version(args)
     with ProgressDisplay(args, width, sys.stderr) as progress:
         summary = convert(
             [glob.escape(args.input)],
@@ -89,6 +91,7 @@ def cmd_write(args: argparse.Namespace) -> int:
             allow_empty=args.allow_empty,
             shard_batches=args.shard_batches,
             dtype=args.dtype,
+            manifest_version=args.manifest_version,
         )
     _print_summary(args, summary)
     return EXIT_OK
@@ -100,7 +103,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.address is not None and args.engine != "ray":
         raise UsageError("--address applies only to --engine ray")
     inputs = readable_inputs(args.sources, datasets=True)
+    _check_manifest_version(args)
     if args.engine == "ray":
+        if args.manifest_version != 1:
+            raise UsageError(
+                "--manifest-version 2 is written by the local engine; --engine ray writes "
+                "version 1 datasets"
+            )
         _check_ray_output(args, inputs)
         return _convert_with_ray(args, inputs)
     if is_url(args.output):
@@ -133,9 +142,19 @@ def cmd_convert(args: argparse.Namespace) -> int:
             allow_empty=args.allow_empty,
             shard_batches=args.shard_batches,
             dtype=args.dtype,
+            manifest_version=args.manifest_version,
         )
     _print_summary(args, summary)
     return EXIT_OK
+
+
+def _check_manifest_version(args: argparse.Namespace) -> None:
+    """A manifest version is a dataset's: refused for a single file's output."""
+    if args.manifest_version != 1 and args.shard_batches is None:
+        raise UsageError(
+            "--manifest-version applies to datasets: pass --shard-size N (a single LLMBATCH "
+            "file has no manifest)"
+        )
 
 
 def _check_ray_output(args: argparse.Namespace, inputs: Sequence[str]) -> None:
@@ -254,6 +273,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         help="write OUTPUT as a dataset directory of shards of N batches each, with a manifest "
         "naming the input file of every record range (default: one file)",
     )
+    add_manifest_version(p)
 
 
 def register(sub: Any) -> None:

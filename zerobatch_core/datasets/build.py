@@ -37,6 +37,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -44,7 +45,11 @@ from zerobatch_spec import DTYPE_NAMES, DTYPE_UINT16, DTYPE_UINT32, U32_MAX, bui
 from zerobatch_spec.dataset import (
     CHECKSUMS_NAME,
     MANIFEST_NAME,
+    MANIFEST_VERSION,
+    MANIFEST_VERSION_INDEXED,
+    MANIFEST_VERSIONS,
     SHARD_NAME_FORMAT,
+    IndexRef,
     Manifest,
     Shard,
     Source,
@@ -55,6 +60,14 @@ from zerobatch_spec.dataset import (
     parse_manifest,
     shard_seed,
 )
+from zerobatch_spec.index import (
+    INDEX_NAME,
+    IndexedShard,
+    IndexTop,
+    build_index,
+    iter_shards,
+    parse_top,
+)
 
 from ..arguments import int_arg
 from ..errors import WriteError
@@ -62,10 +75,12 @@ from ..files.reader import BatchFileReader
 from ..files.writer import (
     DtypeArg,
     retype_batch_file,
+    swept_once,
     token_dtype_code,
     write_batch_dataset,
     write_bytes_atomic,
 )
+from ..stores.regular_files import read_regular_file
 from .dataset import slot_checksums
 from .replace import StagedReplacement, check_replaceable, refuse_aside, remove_stale_staging
 
@@ -109,12 +124,18 @@ def commit_manifest(
     overwrite: bool,
     *,
     dtype: int = DTYPE_UINT32,
+    manifest_version: int = MANIFEST_VERSION,
 ) -> Manifest:
-    """Write the checksums, then the manifest (last): the dataset exists from that moment.
+    """Write the checksums, then (version 2) the shard index, then the manifest (last): the
+    dataset exists from that moment.
 
     ``shards`` and their slot ``checksums`` in dataset order, every shard's tokens of dtype
     code ``dtype``; every source's record range must lie within the shards' input records.
+    ``manifest_version`` 2 describes the shards in ``shards.zbi`` (``SPEC.md`` section 23)
+    instead of the manifest; the manifest returned lists them either way.
     """
+    if manifest_version not in MANIFEST_VERSIONS:
+        raise WriteError(f"{directory}: manifest_version must be 1 or 2, got {manifest_version!r}")
     total = sum(s.total_records for s in shards)
     for source in sources:
         first, last = source.records
@@ -134,6 +155,20 @@ def commit_manifest(
         tuple(sources),
         dtype=dtype,
     )
+    if manifest_version == MANIFEST_VERSION_INDEXED:
+        index = build_index(
+            shards, data, batch_size=batch_size, seq_len=seq_len, dtype=dtype, seed=seed
+        )
+        write_bytes_atomic(os.path.join(directory, INDEX_NAME), index, overwrite=True)
+        top = parse_top(index, len(index))
+        assert isinstance(top, IndexTop)
+        manifest = replace(
+            manifest,
+            version=MANIFEST_VERSION_INDEXED,
+            index=IndexRef(INDEX_NAME, len(index), top.xxh3),
+            shard_count=len(shards),
+            declared_batches=sum(s.num_batches for s in shards),
+        )
     write_bytes_atomic(
         os.path.join(directory, MANIFEST_NAME), build_manifest(manifest), overwrite=overwrite
     )
@@ -156,7 +191,7 @@ def _check_directory(directory: str | os.PathLike[str], overwrite: bool) -> str:
     return path
 
 
-_METADATA = (MANIFEST_NAME, CHECKSUMS_NAME)
+_METADATA = (MANIFEST_NAME, CHECKSUMS_NAME, INDEX_NAME)
 
 
 def shard_file_names(path: str) -> list[str]:
@@ -256,6 +291,7 @@ def create_dataset(
     seed: int | None = None,
     sources: Sequence[Source] = (),
     overwrite: bool = False,
+    manifest_version: int = MANIFEST_VERSION,
 ) -> Manifest:
     """Describe LLMBATCH files in ``directory`` as a dataset: checksums, then the manifest.
 
@@ -264,6 +300,7 @@ def create_dataset(
     They must share ``batch_size``, ``seq_len`` and the token dtype (which the manifest
     records). ``seed`` is the dataset's default order
     seed (default: the first shard's header seed). Every slot is read once to checksum it.
+    ``manifest_version`` 2 lists the shards in a shard index (``commit_manifest``).
 
     Replacing a dataset (``overwrite``, a directory with a manifest) never changes the old one
     until the new one is whole: the new manifest and checksums are written into a staging
@@ -276,11 +313,11 @@ def create_dataset(
     remove_stale_staging(path)
     names = dataset_shard_names(path, names)
     if not (overwrite and _is_dataset(path)):
-        return _describe(path, path, names, seed, sources, overwrite)
+        return _describe(path, path, names, seed, sources, overwrite, manifest_version)
     stage = StagedReplacement(path, _metadata_only)
     try:
         stage.carry()  # the shards as hard links: the manifest describes these very files
-        manifest = _describe(path, stage.path, names, seed, sources, False)
+        manifest = _describe(path, stage.path, names, seed, sources, False, manifest_version)
         stage.commit()
     except BaseException:
         stage.discard()
@@ -295,6 +332,7 @@ def _describe(
     seed: int | None,
     sources: Sequence[Source],
     overwrite: bool,
+    manifest_version: int = MANIFEST_VERSION,
 ) -> Manifest:
     """``create_dataset``'s work: read the shards ``names`` in ``out`` and commit their
     manifest there (errors name ``path``, the dataset's own path)."""
@@ -327,7 +365,15 @@ def _describe(
     assert shape is not None
     first_seed = shards[0].seed if seed is None else int_arg("seed", seed, 0)
     return commit_manifest(
-        out, shards, checksums, *shape, first_seed, sources, overwrite, dtype=dtype
+        out,
+        shards,
+        checksums,
+        *shape,
+        first_seed,
+        sources,
+        overwrite,
+        dtype=dtype,
+        manifest_version=manifest_version,
     )
 
 
@@ -349,7 +395,28 @@ def _old_dataset_names(path: str) -> frozenset[str]:
         parsed = parse_manifest(data)
         if isinstance(parsed, Manifest):
             names.update(s.name for s in parsed.shards)
+            if parsed.index is not None:  # version 2: the shards its index lists
+                names.add(parsed.index.name)
+                names.update(_indexed_names(os.path.join(path, parsed.index.name)))
     return frozenset(names)
+
+
+def _indexed_names(path: str) -> list[str]:
+    """The shard names of a version 2 index file, as far as it reads and checks (a broken
+    index gives the names before its first broken page: the rest are kept as the user's)."""
+    try:
+        data = read_regular_file(path, _OLD_MANIFEST_LIMIT)
+    except OSError:
+        return []
+    top = parse_top(data, len(data))
+    if not isinstance(top, IndexTop):
+        return []
+    names = []
+    for entry in iter_shards(top, data):
+        if not isinstance(entry, IndexedShard):
+            break
+        names.append(entry.shard.name)
+    return names
 
 
 _OLD_MANIFEST_LIMIT = 256 * 2**20
@@ -432,6 +499,7 @@ def write_sharded_dataset(
     allow_empty: bool = False,
     inputs: Iterable[PathLike] = (),
     dtype: DtypeArg = "uint32",
+    manifest_version: int = MANIFEST_VERSION,
 ) -> Manifest:
     """Write a record stream as a dataset of shards of ``shard_batches`` batches each.
 
@@ -491,56 +559,75 @@ def write_sharded_dataset(
     checksums: list[npt.NDArray[np.uint64]] = []
     first = 0
     chosen = DTYPE_UINT16 if code is None else code  # the dtype of every shard so far
-    try:
-        while not cutter.empty():
-            name = SHARD_PATTERN.format(len(shards))
-            target = os.path.join(out, name)
-            written = _Counted(cutter.run(per_shard))
-            write_batch_dataset(
-                target,
-                written,
-                total_records=None,
-                batch_size=batch_size,
-                seq_len=seq_len,
-                seed=shard_seed(seed, len(shards)),
-                overwrite=True,
-                allow_empty=True,
-                dtype="auto" if code is None and chosen == DTYPE_UINT16 else chosen,
-            )
-            with BatchFileReader(target) as reader:
-                if reader.dtype != chosen:  # "auto": this shard needs uint32, so do the others
-                    chosen = reader.dtype
-                    _retype_shards(out, shards, checksums, chosen)
-                shards.append(describe_shard(reader, name, (first, first + written.count)))
-                checksums.append(slot_checksums(reader))
-            first += written.count
-        if not allow_empty and sum(s.num_batches for s in shards) == 0:
-            raise WriteError(
-                f"{path}: the dataset would hold 0 batches: {first:,} "
-                f"{'record is' if first == 1 else 'records are'} fewer than "
-                f"batch_size={batch_size}; pass allow_empty=True (--allow-empty on the command "
-                "line) to write it anyway"
-            )
-        listed = sources() if callable(sources) else sources
-        if stage is not None:
+    with swept_once(out):  # stale temporaries removed once, not at each shard's write
+        try:
+            while not cutter.empty():
+                name = SHARD_PATTERN.format(len(shards))
+                target = os.path.join(out, name)
+                written = _Counted(cutter.run(per_shard))
+                write_batch_dataset(
+                    target,
+                    written,
+                    total_records=None,
+                    batch_size=batch_size,
+                    seq_len=seq_len,
+                    seed=shard_seed(seed, len(shards)),
+                    overwrite=True,
+                    allow_empty=True,
+                    dtype="auto" if code is None and chosen == DTYPE_UINT16 else chosen,
+                )
+                with BatchFileReader(target) as reader:
+                    if reader.dtype != chosen:  # "auto": this shard needs uint32, so do the others
+                        chosen = reader.dtype
+                        _retype_shards(out, shards, checksums, chosen)
+                    shards.append(describe_shard(reader, name, (first, first + written.count)))
+                    checksums.append(slot_checksums(reader))
+                first += written.count
+            if not allow_empty and sum(s.num_batches for s in shards) == 0:
+                raise WriteError(
+                    f"{path}: the dataset would hold 0 batches: {first:,} "
+                    f"{'record is' if first == 1 else 'records are'} fewer than "
+                    f"batch_size={batch_size}; pass allow_empty=True (--allow-empty on the command "
+                    "line) to write it anyway"
+                )
+            listed = sources() if callable(sources) else sources
+            if stage is not None:
+                manifest = commit_manifest(
+                    out,
+                    shards,
+                    checksums,
+                    batch_size,
+                    seq_len,
+                    seed,
+                    listed,
+                    False,
+                    dtype=chosen,
+                    manifest_version=manifest_version,
+                )
+                stage.commit()
+                return manifest
             manifest = commit_manifest(
-                out, shards, checksums, batch_size, seq_len, seed, listed, False, dtype=chosen
+                path,
+                shards,
+                checksums,
+                batch_size,
+                seq_len,
+                seed,
+                listed,
+                overwrite,
+                dtype=chosen,
+                manifest_version=manifest_version,
             )
-            stage.commit()
-            return manifest
-        manifest = commit_manifest(
-            path, shards, checksums, batch_size, seq_len, seed, listed, overwrite, dtype=chosen
-        )
-    except BaseException:
-        if stage is not None:
-            stage.discard()
-        elif not os.path.lexists(os.path.join(path, MANIFEST_NAME)):
-            # No dataset was there (else it would be staged) and none was committed: the
-            # shards and checksums this call wrote are listed by no manifest.
-            for name in [*(s.name for s in shards), CHECKSUMS_NAME]:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(path, name))
-        raise
+        except BaseException:
+            if stage is not None:
+                stage.discard()
+            elif not os.path.lexists(os.path.join(path, MANIFEST_NAME)):
+                # No dataset was there (else it would be staged) and none was committed: the
+                # shards and checksums this call wrote are listed by no manifest.
+                for name in [*(s.name for s in shards), CHECKSUMS_NAME, INDEX_NAME]:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(path, name))
+            raise
     if overwrite:  # shards an unfinished write left (there was no manifest)
         kept = {s.name for s in shards}
         for name in shard_file_names(path):

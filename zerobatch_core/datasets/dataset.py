@@ -25,7 +25,9 @@ import os
 import stat
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Literal
 
 import numpy as np
@@ -46,10 +48,11 @@ from zerobatch_spec.dataset import (
 )
 
 from ..closing import Closing
-from ..errors import ZeroBatchError
+from ..errors import DatasetError as DatasetError  # re-exported: where readers import it
 from ..files.reader import BatchFileReader, LocalSlots
 from ..order import ShardedBlockOrder, sharded_order
-from ..stores.regular_files import read_regular_file
+from ..stores.regular_files import read_regular_file, read_regular_head, read_regular_range
+from .shard_table import IndexedShards, LazyShards, ListedShards, ShardTable
 
 Verify = Literal["off", "first", "always"]
 VERIFY_MODES: tuple[Verify, ...] = ("off", "first", "always")
@@ -84,19 +87,6 @@ def _opener() -> ThreadPoolExecutor:
                 executor = ThreadPoolExecutor(1, thread_name_prefix="zerobatch-shards")
                 _OPENERS[pid] = executor
     return executor
-
-
-class DatasetError(ZeroBatchError, ValueError):
-    """A dataset that does not match its manifest, or a manifest that breaks a rule.
-
-    ``code`` is the stable code (``zerobatch_spec.dataset.DatasetCode``), ``path`` the manifest
-    or shard concerned, ``where`` the manifest field or slot, and the message carries all three.
-    """
-
-    def __init__(self, path: str, violation: DatasetViolation) -> None:
-        self.path = path
-        self.code, self.where, self.detail = violation.code, violation.where, violation.detail
-        super().__init__(f"{path}: {self.code.value}: {self.where}: {self.detail}")
 
 
 def is_dataset(path: str | os.PathLike[str]) -> bool:
@@ -146,8 +136,15 @@ class DatasetReader(LocalSlots, Closing):
         self.max_open = max_open
         # Slot numbers fit in int64: each shard has at most total_records <= 2**32 - 1 slots,
         # so 2**63 slots would take a manifest of 2**31 shards (hundreds of gigabytes).
-        self._first = self.manifest.first_batches()
-        self._first_list: list[int] = self._first.tolist()  # bisect on ints: no array per call
+        self.table: ShardTable = open_table(self.manifest, self.path)
+        if not isinstance(self.table, ListedShards):  # entries read from the index as needed
+            self.manifest = replace(self.manifest, shards=LazyShards(self.table))
+        self._first = self.table.firsts
+        # Bisect on ints (no array per call) where the list is small; searchsorted beyond, so
+        # that a dataset of 100,000 shards holds no Python object per shard.
+        small = len(self.table) <= BISECT_SHARDS
+        self._first_list: list[int] | None = self._first.tolist() if small else None
+        self._range_checksums: dict[int, npt.NDArray[np.uint64]] = {}
         self._open: OrderedDict[int, BatchFileReader] = OrderedDict()
         # Shards being opened ahead by ``read_ahead`` (at most ``OPEN_AHEAD``), oldest first,
         # and the process whose opening thread runs them.
@@ -195,7 +192,7 @@ class DatasetReader(LocalSlots, Closing):
         return token_dtype(self.manifest.dtype)
 
     @property
-    def shards(self) -> tuple[Shard, ...]:
+    def shards(self) -> Sequence[Shard]:
         """The manifest's shards, in dataset order."""
         return self.manifest.shards
 
@@ -204,7 +201,7 @@ class DatasetReader(LocalSlots, Closing):
 
     def order(self, block_size: int, seed: int, shuffle: bool) -> ShardedBlockOrder:
         """The dataset order (``SPEC.md`` section 14) with these parameters."""
-        return sharded_order(self.manifest.shard_batches, block_size, seed, shuffle)
+        return sharded_order(self.table.counts, block_size, seed, shuffle)
 
     def identity(self) -> dict[str, Any]:
         """What a loader state records to refuse another dataset: the manifest's digest."""
@@ -214,13 +211,16 @@ class DatasetReader(LocalSlots, Closing):
         """``(shard number, slot within the shard)`` of dataset slot ``index``."""
         if not 0 <= index < self.num_batches:
             raise IndexError(f"{self.path}: slot {index} out of range for {self.num_batches}")
-        shard = bisect.bisect_right(self._first_list, index) - 1
-        return shard, index - self._first_list[shard]
+        if self._first_list is not None:
+            shard = bisect.bisect_right(self._first_list, index) - 1
+            return shard, index - self._first_list[shard]
+        shard = int(np.searchsorted(self._first, index, side="right")) - 1
+        return shard, index - int(self._first[shard])
 
     # -- shards ------------------------------------------------------------------------------
     def shard_path(self, shard: int) -> str:
         """The file of shard number ``shard``."""
-        return os.path.join(self.path, self.manifest.shards[shard].name)
+        return os.path.join(self.path, self.table.entry(shard).name)
 
     def slot_file(self, index: int) -> tuple[BatchFileReader, int]:
         """``(shard reader, slot in it)`` of dataset slot ``index`` (opened, not checksummed)."""
@@ -228,7 +228,7 @@ class DatasetReader(LocalSlots, Closing):
         return self.shard(shard), local
 
     def _fail(self, shard: int, code: DatasetCode, detail: str) -> DatasetError:
-        entry = self.manifest.shards[shard]
+        entry = self.table.entry(shard)
         return DatasetError(self.shard_path(shard), DatasetViolation(code, entry.name, detail))
 
     def shard(self, shard: int) -> BatchFileReader:
@@ -281,7 +281,7 @@ class DatasetReader(LocalSlots, Closing):
         return reader
 
     def _open_shard(self, shard: int) -> BatchFileReader:
-        entry, path = self.manifest.shards[shard], self.shard_path(shard)
+        entry, path = self.table.entry(shard), self.shard_path(shard)
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -374,10 +374,43 @@ class DatasetReader(LocalSlots, Closing):
             self._checksums = np.frombuffer(data, dtype="<u8")
         return self._checksums
 
+    def _expected(self, shard: int, local: int, index: int) -> int:
+        """Slot ``index``'s checksum: from the whole checksums file (version 1), or from the
+        shard's range of it, checked against the index's digest of the range (version 2)."""
+        digest = self.table.checksums_xxh3(shard)
+        if digest is None:
+            return int(self.checksums()[index])
+        found = self._range_checksums.get(shard)
+        if found is None:
+            found = self._range_checksums[shard] = self._read_range_checksums(shard, digest)
+        return int(found[local])
+
+    def _read_range_checksums(self, shard: int, digest: str) -> npt.NDArray[np.uint64]:
+        path = os.path.join(self.path, CHECKSUMS_NAME)
+        start = int(self._first[shard]) * CHECKSUM_BYTES
+        length = int(self.table.counts[shard]) * CHECKSUM_BYTES
+
+        def fail(detail: str) -> DatasetError:
+            violation = DatasetViolation(DatasetCode.CHECKSUMS_MISMATCH, CHECKSUMS_NAME, detail)
+            return DatasetError(path, violation)
+
+        try:
+            data = read_regular_range(path, start, length)
+        except OSError as e:
+            detail = "not found" if isinstance(e, FileNotFoundError) else f"unreadable: {e}"
+            raise fail(detail) from None
+        found = bytes_xxh3(data)
+        if len(data) != length or found != digest:
+            raise fail(
+                f"{len(data)} bytes at {start} with xxh3 {found} for shard {shard}; the index "
+                f"says {length} bytes with xxh3 {digest}"
+            )
+        return np.frombuffer(data, dtype="<u8")
+
     def _check_slot(self, reader: BatchFileReader, shard: int, local: int, index: int) -> None:
         got = file_slot_checksum(reader, local)
         self.bytes_read += reader.padded_batch_bytes
-        want = int(self.checksums()[index])
+        want = self._expected(shard, local, index)
         if got != want:
             raise self._fail(
                 shard,
@@ -442,6 +475,40 @@ class DatasetReader(LocalSlots, Closing):
             f"num_batches={self.num_batches}, batch_size={self.batch_size}, "
             f"seq_len={self.seq_len}, dtype={DTYPE_NAMES[self.dtype]})"
         )
+
+
+BISECT_SHARDS = 5000
+"""Shards up to which slot lookups bisect a list of ints (faster per call than NumPy)."""
+
+
+def open_table(manifest: Manifest, directory: str) -> ShardTable:
+    """The shard table of a local dataset's manifest: its own list (version 1), or its index
+    file's top, checked (version 2)."""
+    if manifest.index is None:
+        return ListedShards(manifest)
+    path = os.path.join(directory, manifest.index.name)
+
+    def read_head(n: int) -> tuple[bytes, int]:
+        return read_regular_head(path, n)
+
+    def read_range(start: int, end: int) -> bytes:
+        data = read_regular_range(path, start, end - start)
+        if len(data) != end - start:
+            raise DatasetError(
+                path,
+                DatasetViolation(
+                    DatasetCode.INDEX_MISMATCH, "index", "the file changed while it was read"
+                ),
+            )
+        return data
+
+    try:
+        return IndexedShards(manifest, path, read_head, read_range)
+    except OSError as e:
+        detail = "not found" if isinstance(e, FileNotFoundError) else f"unreadable: {e}"
+        raise DatasetError(
+            path, DatasetViolation(DatasetCode.INDEX_MISSING, "index", detail)
+        ) from None
 
 
 def _reopen(path: str, verify: Verify, max_open: int) -> DatasetReader:

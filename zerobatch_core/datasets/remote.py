@@ -51,7 +51,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -86,8 +86,9 @@ from ..order import BlockOrder, Order, sharded_order
 from ..redaction import redact
 from ..stores.range_cache import RangeCache
 from ..stores.resolve import open_store
-from ..stores.store import Store, split_url
+from ..stores.store import Store, StoreError, split_url
 from .dataset import DatasetError
+from .shard_table import IndexedShards, LazyShards
 
 RemoteVerify = Literal["off", "whole", "first", "always"]
 REMOTE_VERIFY_MODES: tuple[RemoteVerify, ...] = ("off", "whole", "first", "always")
@@ -186,6 +187,11 @@ class RemoteSource(Closing):
                 self.store, key = self._locate(source, store_options)
             self._objects: list[BatchObject] = []
             self._firsts: list[int] = [0]
+            # A version 2 dataset's shards, read from its index as they are used (its objects
+            # are made on demand, so nothing per shard exists for shards never read).
+            self.table: IndexedShards | None = None
+            self._indexed: dict[int, BatchObject] = {}
+            self._range_sums: dict[int, npt.NDArray[np.uint64]] = {}
             self._open(key)
         except BaseException:
             self._pool.shutdown(wait=False)
@@ -226,6 +232,9 @@ class RemoteSource(Closing):
         self.manifest_sha256 = hashlib.sha256(data).hexdigest()
         self.content_tag = f"dataset {self.manifest_sha256}"
         self._set_shape(parsed.batch_size, parsed.seq_len, parsed.seed, parsed.dtype)
+        if parsed.index is not None:
+            self._open_index(parsed)
+            return
         first = 0
         for s in parsed.shards:
             entry = BatchObject(
@@ -233,6 +242,27 @@ class RemoteSource(Closing):
             )
             self._add(entry)
             first += s.num_batches
+
+    def _open_index(self, manifest: Manifest) -> None:
+        """A version 2 dataset: the index's top (one request of ``TOP_READ`` bytes, or two
+        for a larger top), checked against the manifest; pages are read as shards are used."""
+        assert manifest.index is not None
+        key = manifest.index.name
+        where = self.store.where(key)
+
+        def read_head(n: int) -> tuple[bytes, int]:
+            return self.store.read_head(key, n)
+
+        def read_range(start: int, end: int) -> bytes:
+            return self.store.read_ranges(key, [(start, end)])[0]
+
+        try:
+            self.table = IndexedShards(manifest, where, read_head, read_range)
+        except FileNotFoundError:
+            violation = DatasetViolation(DatasetCode.INDEX_MISSING, "index", "not found")
+            raise DatasetError(where, violation) from None
+        self.manifest = replace(manifest, shards=LazyShards(self.table))
+        self._firsts = [0, int(self.table.firsts[-1])]  # bounds only: ``locate`` searches
 
     def _set_shape(self, batch_size: int, seq_len: int, seed: int, dtype: int) -> None:
         """The shape, seed and token dtype every object of the source has; the byte sizes of a
@@ -297,6 +327,8 @@ class RemoteSource(Closing):
         """The serving order: a dataset's (``SPEC.md`` section 14) or a file's (section 8)."""
         if self.manifest is None:
             return BlockOrder(self.num_batches, block_size, seed, shuffle)
+        if self.table is not None:
+            return sharded_order(self.table.counts, block_size, seed, shuffle)
         return sharded_order(self.manifest.shard_batches, block_size, seed, shuffle)
 
     def identity(self) -> dict[str, Any]:
@@ -312,6 +344,10 @@ class RemoteSource(Closing):
         """``(object number, slot within it)`` of slot ``index``."""
         if not self._firsts[0] <= index < self._firsts[-1]:
             index = self._missing(index)
+        if self.table is not None:
+            firsts = self.table.firsts
+            n = int(np.searchsorted(firsts, index, side="right")) - 1
+            return n, index - int(firsts[n])
         n = bisect.bisect_right(self._firsts, index) - 1
         return n, index - self._firsts[n]
 
@@ -498,8 +534,9 @@ class RemoteSource(Closing):
         ]
 
     def _object(self, n: int) -> BatchObject:
-        """Object ``n``, checked against the manifest at its first use (rules 7-10)."""
-        entry = self._objects[n]
+        """Object ``n``, checked against the manifest at its first use (rules 7-10; for a
+        version 2 dataset its page of the index first)."""
+        entry = self._objects[n] if self.table is None else self._indexed_object(n)
         if n in self._checked:
             return entry
         with self._lock:
@@ -509,7 +546,30 @@ class RemoteSource(Closing):
                 self._check_object(n, entry)
         return entry
 
+    def _indexed_object(self, n: int) -> BatchObject:
+        """Shard ``n`` of a version 2 dataset, from its page of the index (read and checked the
+        first time one of the page's shards is used)."""
+        found = self._indexed.get(n)
+        if found is not None:
+            return found
+        assert self.table is not None
+        s = self.table.entry(n)
+        first = int(self.table.firsts[n])
+        entry = BatchObject(
+            s.name, first, s.num_batches, s.size, s.seed, s.total_records, s.header_xxh3
+        )
+        with self._lock:
+            return self._indexed.setdefault(n, entry)
+
     def _check_object(self, n: int, entry: BatchObject) -> None:
+        if self.table is not None:
+            # A version 2 shard is read without its header (``SPEC.md`` 23.3): its header's
+            # fields are its index record's, which its page's digest checked; a shard shorter
+            # than its record says fails the range read that reaches past its end, and
+            # checked reads check every byte they serve.
+            with self._lock:
+                self._checked.add(n)
+            return
         where = self.store.where(entry.key)
 
         def fail(code: DatasetCode, detail: str) -> DatasetError:
@@ -552,7 +612,8 @@ class RemoteSource(Closing):
         reading every slot once. An empty list means valid."""
         failures: list[str] = []
         first, end = self._firsts[0], self._firsts[-1]
-        for n in range(len(self._objects)):
+        count = len(self._objects) if self.table is None else len(self.table)
+        for n in range(count):
             try:
                 entry = self._object(n)
             except (DatasetError, FormatError) as e:
@@ -577,7 +638,17 @@ class RemoteSource(Closing):
         return self.manifest is not None
 
     def slot_checksum(self, index: int) -> int:
-        """Slot ``index``'s expected XXH3-64 (``checksums.xxh3``, checked on first use)."""
+        """Slot ``index``'s expected XXH3-64 (``checksums.xxh3``, checked on first use: the
+        whole file, or for a version 2 dataset the range of the slot's shard only)."""
+        if self.table is not None:
+            n, local = self.locate(index)
+            found = self._range_sums.get(n)
+            if found is None:
+                with self._checksums_lock:
+                    found = self._range_sums.get(n)
+                    if found is None:
+                        found = self._range_sums[n] = self._read_range_checksums(n)
+            return int(found[local])
         if self._checksums is None:
             with self._checksums_lock:  # concurrent fetches read the file once
                 if self._checksums is None:
@@ -598,6 +669,32 @@ class RemoteSource(Closing):
                     CHECKSUMS_NAME,
                     f"{len(data)} bytes with xxh3 {digest}; the manifest says {expected} "
                     f"bytes with xxh3 {self.manifest.checksums_xxh3}",
+                ),
+            )
+        return np.frombuffer(data, dtype="<u8")
+
+    def _read_range_checksums(self, n: int) -> npt.NDArray[np.uint64]:
+        """Shard ``n``'s range of ``checksums.xxh3``, checked against its index record."""
+        assert self.table is not None
+        digest = self.table.checksums_xxh3(n)
+        start = int(self.table.firsts[n]) * CHECKSUM_BYTES
+        end = int(self.table.firsts[n + 1]) * CHECKSUM_BYTES
+        try:
+            data = self.store.read_ranges(CHECKSUMS_NAME, [(start, end)])[0] if end > start else b""
+        except (FileNotFoundError, StoreError) as e:
+            detail = "not found" if isinstance(e, FileNotFoundError) else f"unreadable: {e}"
+            raise DatasetError(
+                self.store.where(CHECKSUMS_NAME),
+                DatasetViolation(DatasetCode.CHECKSUMS_MISMATCH, CHECKSUMS_NAME, detail),
+            ) from None
+        found = bytes_xxh3(data)
+        if found != digest:
+            raise DatasetError(
+                self.store.where(CHECKSUMS_NAME),
+                DatasetViolation(
+                    DatasetCode.CHECKSUMS_MISMATCH,
+                    CHECKSUMS_NAME,
+                    f"bytes {start}..{end} (shard {n}) have xxh3 {found}; the index says {digest}",
                 ),
             )
         return np.frombuffer(data, dtype="<u8")

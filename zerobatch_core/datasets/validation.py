@@ -18,6 +18,7 @@ from zerobatch_spec.dataset import (
     MANIFEST_NAME,
     DatasetCode,
     Manifest,
+    bytes_xxh3,
 )
 
 from ..errors import FormatError, ZeroBatchIOError
@@ -88,7 +89,8 @@ class DatasetReport:
         m = self.manifest
         if m is not None:
             out["dataset"] = {
-                "shards": len(m.shards),
+                "manifest_version": m.version,
+                "shards": m.num_shards,
                 "num_batches": m.num_batches,
                 "batch_size": m.batch_size,
                 "seq_len": m.seq_len,
@@ -192,8 +194,28 @@ def validate_dataset(path: str | os.PathLike[str], deep: bool = False) -> Datase
             detail = f"cannot be read as the checksums file: {e.strerror or e}"
             code = DatasetCode.CHECKSUMS_MISMATCH.value
             failures.append(DatasetFailure(code, None, None, None, CHECKSUMS_NAME, detail))
-        first = manifest.first_batches()
-        for i, shard in enumerate(manifest.shards):
+        first = reader.table.firsts
+        listed: set[str] = set()
+        for i in range(len(reader.table)):
+            try:
+                shard = reader.table.entry(i)
+            except DatasetError as e:  # a version 2 index's page: its shards cannot be read
+                failures.append(_dataset_failure(e, None))
+                continue
+            if shard.name in listed:
+                failures.append(
+                    DatasetFailure(
+                        DatasetCode.INDEX_MISMATCH.value,
+                        shard.name,
+                        None,
+                        None,
+                        f"shards[{i}].name",
+                        f"{shard.name} is listed twice",
+                    )
+                )
+            listed.add(shard.name)
+            if sums is not None:
+                failures.extend(_range_failure(reader, i, shard.name, sums))
             try:
                 opened = reader.shard(i)
             except DatasetError as e:
@@ -208,9 +230,9 @@ def validate_dataset(path: str | os.PathLike[str], deep: bool = False) -> Datase
             if deep:
                 failures.extend(_slot_failures(opened, shard.name, int(first[i]), sums))
                 slots += shard.num_batches
-        listed = {s.name for s in manifest.shards}
+        own = {manifest.index.name} if manifest.index is not None else set()
         for name in sorted(os.listdir(p)):
-            if name.endswith(".batch") and name not in listed:
+            if name.endswith(".batch") and name not in listed and name not in own:
                 failures.append(
                     DatasetFailure(
                         DatasetCode.EXTRA_SHARD.value,
@@ -222,6 +244,23 @@ def validate_dataset(path: str | os.PathLike[str], deep: bool = False) -> Datase
                     )
                 )
     return DatasetReport(p, deep, manifest, tuple(failures), checked, slots)
+
+
+def _range_failure(
+    reader: DatasetReader, shard: int, name: str, sums: npt.NDArray[np.uint64]
+) -> list[DatasetFailure]:
+    """A version 2 shard whose range of the checksums file has another digest than its index
+    record says (the file itself matched the manifest's digest)."""
+    digest = reader.table.checksums_xxh3(shard)
+    if digest is None:
+        return []
+    lo, hi = int(reader.table.firsts[shard]), int(reader.table.firsts[shard + 1])
+    found = bytes_xxh3(sums[lo:hi].astype("<u8").tobytes())
+    if found == digest:
+        return []
+    detail = f"shard {shard}'s range has xxh3 {found}; the index says {digest}"
+    code = DatasetCode.CHECKSUMS_MISMATCH.value
+    return [DatasetFailure(code, None, None, None, CHECKSUMS_NAME, f"{name}: {detail}")]
 
 
 def _own_rules(path: str, name: str) -> list[DatasetFailure]:

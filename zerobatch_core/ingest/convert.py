@@ -49,7 +49,8 @@ from typing import Any, Literal, TextIO
 import numpy as np
 import numpy.typing as npt
 from zerobatch_spec import DTYPE_NAMES, HEADER_SIZE, parse_header
-from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME, Source
+from zerobatch_spec.dataset import CHECKSUMS_NAME, MANIFEST_NAME, MANIFEST_VERSION, Source
+from zerobatch_spec.index import INDEX_NAME
 
 from ..arguments import U32_MAX, int_arg
 from ..datasets.build import check_dataset_output, write_sharded_dataset
@@ -395,6 +396,7 @@ def convert(
     allow_empty: bool = False,
     shard_batches: int | None = None,
     dtype: str = "auto",
+    manifest_version: int = MANIFEST_VERSION,
     **source_options: Any,
 ) -> ConvertSummary:
     """Convert ``sources`` to the LLMBATCH file ``output``; see ``open_source`` for options.
@@ -410,7 +412,9 @@ def convert(
     sources are checked once they have been read, before the output is created).
 
     With ``shard_batches`` the output is a dataset directory of shards of that many batches
-    (see the module docstring; ``datasets.build.check_dataset_output`` says what is refused).
+    (see the module docstring; ``datasets.build.check_dataset_output`` says what is refused),
+    described by a manifest of ``manifest_version`` (2: with a shard index, ``SPEC.md``
+    section 23).
     """
     t = int_arg("seq_len", seq_len, 1, U32_MAX, IngestError)
     b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
@@ -420,7 +424,19 @@ def convert(
     if shard_batches is not None:
         n = int_arg("shard_batches", shard_batches, 1, U32_MAX // b, WriteError)
         return _convert_sharded(
-            src, kind, output, t, b, n, seed, progress, overwrite, allow_empty, source_options, plan
+            src,
+            kind,
+            output,
+            t,
+            b,
+            n,
+            seed,
+            progress,
+            overwrite,
+            allow_empty,
+            source_options,
+            plan,
+            manifest_version,
         )
     check_output(output, overwrite=overwrite, inputs=source_files(src))
     total = src.num_records
@@ -599,6 +615,7 @@ def _convert_sharded(
     allow_empty: bool,
     options: dict[str, Any],
     plan: DtypePlan,
+    manifest_version: int = MANIFEST_VERSION,
 ) -> ConvertSummary:
     """``convert`` into a dataset directory of shards of ``shard_batches`` batches."""
     inputs = source_files(src)
@@ -621,13 +638,15 @@ def _convert_sharded(
         allow_empty=allow_empty,
         inputs=inputs,
         dtype="auto" if plan.code is None else plan.code,
+        manifest_version=manifest_version,
     )
     seconds = time.perf_counter() - counted.start
     kept = manifest.num_batches * b
     source_tokens, drops = conversion_drops(src, counted.records, kept, b, t)
     stats = getattr(src, "stats", None)
     size = sum(s.size for s in manifest.shards)
-    size += sum(os.path.getsize(os.path.join(output, n)) for n in (MANIFEST_NAME, CHECKSUMS_NAME))
+    metadata = [MANIFEST_NAME, CHECKSUMS_NAME, *([INDEX_NAME] if manifest.index else [])]
+    size += sum(os.path.getsize(os.path.join(output, n)) for n in metadata)
     return ConvertSummary(
         output=output,
         kind=kind,

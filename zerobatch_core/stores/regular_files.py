@@ -75,3 +75,36 @@ def read_regular_file(path: str | os.PathLike[str], limit: int | None = None) ->
                 shown,
             )
         return data
+
+
+def read_regular_head(path: str | os.PathLike[str], length: int) -> tuple[bytes, int]:
+    """The first ``length`` bytes of the regular file ``path`` (fewer if it is shorter) and
+    its size, both from the opened descriptor."""
+    fd = open_regular_file(path)
+    try:
+        size = os.fstat(fd).st_size
+        return _pread_all(fd, min(length, size), 0), size
+    finally:
+        os.close(fd)
+
+
+def read_regular_range(path: str | os.PathLike[str], start: int, length: int) -> bytes:
+    """``length`` bytes of the regular file ``path`` from byte ``start`` (fewer where the file
+    ends first): one range of a metadata file, read without reading the rest."""
+    fd = open_regular_file(path)
+    try:
+        return _pread_all(fd, length, start)
+    finally:
+        os.close(fd)
+
+
+def _pread_all(fd: int, length: int, start: int) -> bytes:
+    parts: list[bytes] = []
+    got = 0
+    while got < length:
+        part = os.pread(fd, length - got, start + got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)

@@ -1,0 +1,259 @@
+"""The shards of a dataset as a reader sees them, whichever manifest version describes them.
+
+A version 1 manifest lists every shard: its table is in memory once the manifest is parsed. A
+version 2 manifest names a shard index (``zerobatch_spec.index``, ``SPEC.md`` section 23): its
+table reads the index's top at open (the shape, every shard's slot count as runs, the page
+table) and a page of shard records the first time one of its shards is used, each checked
+against its digest. Either way a reader gets the same three things: every shard's slot count
+as one array (the order and slot lookups need nothing else), one shard's entry when it opens
+the shard, and, for version 2, the digest of one shard's range of ``checksums.xxh3``, so that
+a checked read fetches and checks only that range.
+
+How bytes are read is the caller's: a local reader reads the index file, a remote one ranges
+of the index object (``IndexSource``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import overload
+
+import numpy as np
+import numpy.typing as npt
+from zerobatch_spec.dataset import (
+    MANIFEST_VERSION_INDEXED,
+    DatasetCode,
+    DatasetViolation,
+    Manifest,
+    Shard,
+)
+from zerobatch_spec.index import (
+    HEAD_SIZE,
+    IndexedShard,
+    IndexTop,
+    check_top,
+    parse_page,
+    parse_top,
+    top_size,
+)
+
+from ..errors import DatasetError
+
+TOP_READ = 64 << 10
+"""Bytes of the index read at open in one request: the top of a dataset of up to about 170,000
+shards (24 bytes per 64 shards), or the head that says how much more to read."""
+PAGES_KEPT = 256
+"""Pages of shard records kept parsed (least recently used out): 16,384 shards' entries."""
+WINDOW = 1 << 20
+"""Bytes of pages read at once when a page is missing: the pages around it come along (about
+14,500 shards' records), so a rank that visits shards in random order, as a shuffled order
+does, reads a 100,000-shard index in 7 requests however many steps it takes."""
+WINDOWS_KEPT = 64
+"""Windows of index bytes kept (least recently used out): 64 MiB, a 900,000-shard index."""
+
+ReadHead = Callable[[int], tuple[bytes, int]]
+"""``read_head(n)``: the index's first ``n`` bytes (fewer if it is shorter) and its size."""
+ReadRange = Callable[[int, int], bytes]
+"""``read_range(start, end)``: the index's bytes ``[start, end)``."""
+
+
+class ShardTable:
+    """Every shard's slot count, and each shard's entry on demand."""
+
+    counts: npt.NDArray[np.int64]
+    """Slot count of each shard, in dataset order."""
+    firsts: npt.NDArray[np.int64]
+    """Dataset slot of each shard's first slot, then the total (``len + 1`` values)."""
+
+    def __len__(self) -> int:
+        return int(self.counts.shape[0])
+
+    def entry(self, shard: int) -> Shard:
+        """Shard ``shard``'s entry (a version 2 table reads and checks its page first)."""
+        raise NotImplementedError
+
+    def checksums_xxh3(self, shard: int) -> str | None:
+        """Digest of the shard's range of ``checksums.xxh3`` (version 2), or ``None``."""
+        return None
+
+    def entries(self) -> Iterator[Shard]:
+        """Every shard's entry in dataset order (reads every page of an index)."""
+        for i in range(len(self)):
+            yield self.entry(i)
+
+
+class ListedShards(ShardTable):
+    """The shards a version 1 manifest lists."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.shards = manifest.shards
+        self.counts = np.fromiter(
+            (s.num_batches for s in manifest.shards), np.int64, len(manifest.shards)
+        )
+        self.firsts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+
+    def entry(self, shard: int) -> Shard:
+        return self.shards[shard]
+
+    def entries(self) -> Iterator[Shard]:
+        return iter(self.shards)
+
+
+class IndexedShards(ShardTable):
+    """The shards a version 2 manifest's index lists, read as they are needed.
+
+    ``where`` names the index in errors (its path or URL). Opening reads the top (``TOP_READ``
+    bytes, then the rest of a larger top) and checks it against the manifest; ``entry`` reads
+    and checks the page of a shard the first time one of its shards is asked for.
+    """
+
+    def __init__(
+        self, manifest: Manifest, where: str, read_head: ReadHead, read_range: ReadRange
+    ) -> None:
+        assert manifest.version == MANIFEST_VERSION_INDEXED and manifest.index is not None
+        self.where = where
+        self._read_range = read_range
+        head, size = read_head(TOP_READ)
+        ref = manifest.index
+        if size != ref.size:
+            self._fail("index", f"{size} bytes, the manifest says {ref.size}")
+        need = top_size(head) if len(head) >= HEAD_SIZE else None
+        if need is not None and len(head) < need <= size:
+            head += read_range(len(head), need)
+        top = parse_top(head, size)
+        if isinstance(top, DatasetViolation):
+            raise DatasetError(where, top)
+        mismatch = check_top(top, manifest)
+        if mismatch is not None:
+            raise DatasetError(where, mismatch)
+        self.top: IndexTop = top
+        # What the first read brought beyond the top (the first pages, or all of a small
+        # index) serves those pages without another read.
+        self._head = bytes(head)
+        self.top_bytes = top.top_bytes
+        self.counts = top.shard_batches()
+        self.firsts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+        self._pages: OrderedDict[int, list[IndexedShard]] = OrderedDict()
+        self._windows: OrderedDict[int, tuple[int, bytes]] = OrderedDict()
+        self._reading: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self.pages_read = 0
+        """Reads of the index after its top (a window of pages each; for accounting and
+        tests): pages that came with the top's read are not counted."""
+
+    def _fail(self, where: str, detail: str) -> None:
+        raise DatasetError(self.where, DatasetViolation(DatasetCode.INDEX_MISMATCH, where, detail))
+
+    def _page(self, page: int) -> list[IndexedShard]:
+        with self._lock:
+            found = self._pages.get(page)
+            if found is not None:
+                self._pages.move_to_end(page)
+                return found
+        offset, length = int(self.top.pages[page, 0]), int(self.top.pages[page, 1])
+        if offset + length <= len(self._head):
+            data = self._head[offset : offset + length]
+        else:
+            data = self._window_bytes(page, offset, length)
+        first = page * self.top.page_records
+        parsed = parse_page(self.top, page, data, int(self.firsts[first]))
+        if isinstance(parsed, DatasetViolation):
+            raise DatasetError(self.where, parsed)
+        with self._lock:
+            self._pages[page] = parsed
+            while len(self._pages) > PAGES_KEPT:
+                self._pages.popitem(last=False)
+        return parsed
+
+    def _window_bytes(self, page: int, offset: int, length: int) -> bytes:
+        """Page ``page``'s bytes, from the window of pages read with it (reading the window,
+        about ``WINDOW`` bytes of pages from the first one starting in this page's window, if
+        it is not kept)."""
+        window = offset // WINDOW
+        with self._lock:
+            found = self._windows.get(window)
+            if found is not None:
+                self._windows.move_to_end(window)
+            reading = self._reading.setdefault(window, threading.Lock())
+        if found is None:
+            with reading:  # concurrent misses of one window read it once
+                with self._lock:
+                    found = self._windows.get(window)
+                if found is None:
+                    found = self._read_window(window, page, offset, length)
+                with self._lock:
+                    self._reading.pop(window, None)
+        if found is None:  # the first page after the top, read alone
+            with self._lock:
+                self.pages_read += 1
+            return self._read_range(offset, offset + length)
+        start, data = found
+        if start <= offset and offset + length <= start + len(data):
+            return data[offset - start : offset - start + length]
+        with self._lock:  # a page that starts in this window and ends past what it read
+            self.pages_read += 1
+        return self._read_range(offset, offset + length)
+
+    def _read_window(
+        self, window: int, page: int, offset: int, length: int
+    ) -> tuple[int, bytes] | None:
+        """Read and keep window ``window`` (from the first page starting in it, or ``page``),
+        or ``None`` for the first page read after the top (read alone by the caller)."""
+        pages = self.top.pages
+        first = min(page, int(np.searchsorted(pages[:, 0], window * WINDOW, side="left")))
+        start = int(pages[first, 0])
+        file_end = int(pages[-1, 0] + pages[-1, 1])
+        # The first page read after the top is read alone, so that a rank's first batch
+        # costs the top and one page; later misses bring their window.
+        if not self.pages_read:
+            return None
+        end = max(offset + length, min(start + WINDOW, file_end))
+        found = (start, self._read_range(start, end))
+        with self._lock:
+            self.pages_read += 1
+            self._windows[window] = found
+            while len(self._windows) > WINDOWS_KEPT:
+                self._windows.popitem(last=False)
+        return found
+
+    def indexed(self, shard: int) -> IndexedShard:
+        """Shard ``shard``'s record, its page read and checked if it was not."""
+        if not 0 <= shard < len(self):
+            raise IndexError(f"{self.where}: shard {shard} out of range for {len(self)}")
+        page = self.top.page_of(shard)
+        return self._page(page)[shard - page * self.top.page_records]
+
+    def entry(self, shard: int) -> Shard:
+        return self.indexed(shard).shard
+
+    def checksums_xxh3(self, shard: int) -> str | None:
+        return self.indexed(shard).checksums_xxh3
+
+
+class LazyShards(Sequence[Shard]):
+    """A table's shards as a sequence of entries, each read when it is asked for (what
+    ``Manifest.shards`` is for a version 1 manifest, without reading every page up front)."""
+
+    def __init__(self, table: ShardTable) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    @overload
+    def __getitem__(self, i: int) -> Shard: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Shard]: ...
+
+    def __getitem__(self, i: int | slice) -> Shard | Sequence[Shard]:
+        if isinstance(i, slice):
+            return [self.table.entry(j) for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        return self.table.entry(i)
+
+    def __iter__(self) -> Iterator[Shard]:
+        return self.table.entries()
