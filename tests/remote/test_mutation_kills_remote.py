@@ -30,7 +30,12 @@ from zerobatch_core import (
     write_batch_file,
 )
 from zerobatch_core.datasets.build import write_sharded_dataset
-from zerobatch_core.datasets.remote import MAX_AHEAD, REMOTE_VERIFY_MODES, RemoteSource
+from zerobatch_core.datasets.remote import (
+    FIRST_AHEAD,
+    MAX_AHEAD,
+    REMOTE_VERIFY_MODES,
+    RemoteSource,
+)
 from zerobatch_core.errors import FormatError, MissingDependencyError
 from zerobatch_core.stores.object_stores import FsspecStore, ObstoreStore
 from zerobatch_core.stores.resolve import open_store
@@ -693,7 +698,7 @@ STEP_BYTES = 4 * 10 * 4
         (STEP_BYTES - 1, [1, 2, 3]),
         (STEP_BYTES, [2, 3, 4]),
         (2 * STEP_BYTES, [3, 4, 5]),
-        (10**9, [12, 12, 12]),
+        (10**9, [3, 6, 11]),  # 2 steps ahead of the first served, then 4, then 8
     ],
 )
 def test_ahead_plans_steps_up_to_prefetch_bytes_of_their_regions(
@@ -709,10 +714,15 @@ def test_ahead_plans_steps_up_to_prefetch_bytes_of_their_regions(
 
 
 def test_ahead_plans_at_most_max_ahead_steps_however_small(tmp_path: Path) -> None:
+    """A pass starts ``FIRST_AHEAD`` steps ahead and doubles with every step served, up to
+    ``MAX_AHEAD`` steps however small they are."""
     local = _remote_dataset(tmp_path)
     with RemoteSource((LocalStore(local), ""), prefetch_bytes=10**12) as source:
-        steps: list[list[Any]] = [[(0, 1, 1, 0, RT)] for _ in range(MAX_AHEAD + 10)]
-        assert _pulled_at_yields(source, steps, 1) == [MAX_AHEAD + 1]
+        steps: list[list[Any]] = [[(0, 1, 1, 0, RT)] for _ in range(3 * MAX_AHEAD)]
+        counts = _pulled_at_yields(source, steps, 14)
+    ahead = [pulled - served for served, pulled in enumerate(counts, start=1)]
+    assert ahead[0] == FIRST_AHEAD
+    assert ahead == sorted(ahead) and max(ahead) == MAX_AHEAD
 
 
 def test_ahead_fetches_the_coming_steps_on_the_pool_and_serves_the_local_tokens(
@@ -788,8 +798,10 @@ def test_the_coming_steps_are_fetched_with_the_documented_concurrency(
     with RemoteSource((store, ""), verify="off", prefetch_bytes=10**9, **kw) as source:
         source.read_region(0, 0, 1, 0, 1)  # the shard checked before the reads that wait
         store.armed = True
-        steps = [[(i % 5, i // 5, i // 5 + 1, 0, RT)] for i in range(most + 1)]
-        for i in source.ahead(iter(range(most + 1)), lambda i: steps[i]):
+        # Enough steps for the depth ahead (2 at first, doubled per step served) to pass it.
+        n = 8 * most + 1
+        steps = [[(i % 5, (i // 5) % RB, (i // 5) % RB + 1, 0, RT)] for i in range(n)]
+        for i in source.ahead(iter(range(n)), lambda i: steps[i]):
             source.read_region(*steps[i][0])
     assert store.most == most
 
@@ -840,14 +852,14 @@ def test_a_remote_source_names_its_kind_and_identity(
         assert set(single.identity()) == {"file"}
 
 
-@pytest.mark.parametrize(("served", "later"), [(1, 1), (2, 600)])
+@pytest.mark.parametrize(("served", "later"), [(11, 600), (12, 1000)])
 def test_a_pass_that_ends_early_drops_thousands_of_planned_regions(
     tmp_path: Path, served: int, later: int
 ) -> None:
-    """With ``MAX_AHEAD`` steps of four regions each (4096 regions) planned before the first
-    is served, a pass that ends after serving one or two steps drops the regions it planned
-    for the steps it did not serve (at least the last ``2 * MAX_AHEAD``): a region of such a
-    step read afterwards is fetched again, by the caller."""
+    """With ``MAX_AHEAD`` steps of four regions each (4096 regions) planned ahead (the depth
+    reaches it after ten steps served), a pass that ends then drops the regions it planned for
+    the steps it did not serve (at least the last ``2 * MAX_AHEAD``): a region of such a step
+    read afterwards is fetched again, by the caller."""
     local = _remote_dataset(tmp_path)
     store = ThreadRecordingStore(local)
     empty = [  # regions of no rows: planned and fetched without a store request
@@ -855,11 +867,11 @@ def test_a_pass_that_ends_early_drops_thousands_of_planned_regions(
     ]
     steps = [
         [*(empty[(3 * k + j) % len(empty)] for j in range(3)), (k % 10, 2, 3, k % 7, k % 7 + 1)]
-        for k in range(MAX_AHEAD + 10)
+        for k in range(MAX_AHEAD + 40)
     ]
     wanted = steps[later][-1] = (3, 1, 5, 0, RT)
     with RemoteSource((store, ""), prefetch_bytes=10**9, verify="off") as source:
-        assert _pulled_at_yields(source, steps, served)[0] == MAX_AHEAD + 1
+        assert _pulled_at_yields(source, steps, served)[-1] == served + MAX_AHEAD
         source.read_region(*wanted)
     start = HEADER_SIZE + 3 * RSLOT
     rows = ((start + RT * 4, start + 5 * RT * 4),)

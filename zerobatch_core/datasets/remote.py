@@ -98,6 +98,10 @@ DEFAULT_THREADS = 16
 """Concurrent fetches (each may itself be several range requests)."""
 MAX_AHEAD = 1024
 """Steps planned ahead at most, however small they are."""
+FIRST_AHEAD = 2
+"""Steps planned ahead of a pass's first step; the depth doubles with every step served (up to
+``MAX_AHEAD``, within ``prefetch_bytes``), so that what a rank fetches before its first batch
+is its first steps and what they need, not a thousand steps' shards and their metadata."""
 
 U32Array = npt.NDArray[np.uint32]
 Region = tuple[int, int, int, int, int]  # stored index, first row, end row, first column, end
@@ -398,7 +402,8 @@ class RemoteSource(Closing):
         whole_rows: bool | None = None,
     ) -> Iterator[S]:
         """``steps`` unchanged, each step's ``regions`` fetched in the background first, up to
-        ``prefetch_bytes`` ahead of the one the caller is at (at least one step ahead).
+        ``prefetch_bytes`` ahead of the one the caller is at (at least one step ahead; a pass
+        starts ``FIRST_AHEAD`` steps ahead and doubles that with every step served).
 
         Regions of slots that cannot be fetched yet (a live dataset's uncommitted batches) are
         scheduled as soon as they can, in order. ``whole_rows``, if given, sets the attribute
@@ -410,6 +415,7 @@ class RemoteSource(Closing):
         unscheduled: deque[Region] = deque()
         scheduled: list[Region] = []
         waiting = 0
+        depth = FIRST_AHEAD  # steps ahead, doubled with every step served, up to MAX_AHEAD
         size = self._token_bytes
         try:
             for step in steps:
@@ -422,9 +428,10 @@ class RemoteSource(Closing):
                     scheduled.append(region)
                 queue.append((step, nbytes))
                 waiting += nbytes
-                while queue and (waiting > self.prefetch_bytes or len(queue) > MAX_AHEAD):
+                while queue and (waiting > self.prefetch_bytes or len(queue) > depth):
                     item, n = queue.popleft()
                     waiting -= n
+                    depth = min(MAX_AHEAD, 2 * depth)
                     yield item
                 if len(scheduled) > 4 * MAX_AHEAD:
                     scheduled = scheduled[-2 * MAX_AHEAD :]

@@ -47,9 +47,13 @@ shards (24 bytes per 64 shards), or the head that says how much more to read."""
 PAGES_KEPT = 256
 """Pages of shard records kept parsed (least recently used out): 16,384 shards' entries."""
 WINDOW = 1 << 20
-"""Bytes of pages read at once when a page is missing: the pages around it come along (about
-14,500 shards' records), so a rank that visits shards in random order, as a shuffled order
-does, reads a 100,000-shard index in 7 requests however many steps it takes."""
+"""Most bytes of pages read at once when a page is missing: the pages after it come along
+(about 14,500 shards' records), so a rank that visits shards in random order, as a shuffled
+order does, reads a 100,000-shard index in about a dozen requests however many steps it
+takes."""
+FIRST_WINDOW = 64 << 10
+"""Bytes of the first window read after the first page; each later window doubles, up to
+``WINDOW``, so that a rank's first steps read little of the index."""
 WINDOWS_KEPT = 64
 """Windows of index bytes kept (least recently used out): 64 MiB, a 900,000-shard index."""
 
@@ -136,8 +140,9 @@ class IndexedShards(ShardTable):
         self.counts = top.shard_batches()
         self.firsts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
         self._pages: OrderedDict[int, list[IndexedShard]] = OrderedDict()
-        self._windows: OrderedDict[int, tuple[int, bytes]] = OrderedDict()
-        self._reading: dict[int, threading.Lock] = {}
+        self._windows: OrderedDict[int, bytes] = OrderedDict()  # by first byte
+        self._windows_read = 0
+        self._read_lock = threading.Lock()
         self._lock = threading.Lock()
         self.pages_read = 0
         """Reads of the index after its top (a window of pages each; for accounting and
@@ -168,55 +173,40 @@ class IndexedShards(ShardTable):
         return parsed
 
     def _window_bytes(self, page: int, offset: int, length: int) -> bytes:
-        """Page ``page``'s bytes, from the window of pages read with it (reading the window,
-        about ``WINDOW`` bytes of pages from the first one starting in this page's window, if
-        it is not kept)."""
-        window = offset // WINDOW
-        with self._lock:
-            found = self._windows.get(window)
+        """Page ``page``'s bytes (``offset``, ``length``), from a kept window of pages, or a
+        new window read from this page on: the first read after the top is the page alone
+        (a rank's first batch costs the top and one page), the next ``FIRST_WINDOW`` bytes,
+        each later one twice the one before, up to ``WINDOW``. Misses read one at a time."""
+        found = self._kept(offset, length)
+        if found is not None:
+            return found
+        with self._read_lock:
+            found = self._kept(offset, length)
             if found is not None:
-                self._windows.move_to_end(window)
-            reading = self._reading.setdefault(window, threading.Lock())
-        if found is None:
-            with reading:  # concurrent misses of one window read it once
-                with self._lock:
-                    found = self._windows.get(window)
-                if found is None:
-                    found = self._read_window(window, page, offset, length)
-                with self._lock:
-                    self._reading.pop(window, None)
-        if found is None:  # the first page after the top, read alone
+                return found
+            pages = self.top.pages
+            file_end = int(pages[-1, 0] + pages[-1, 1])
+            if not self.pages_read:
+                size = length
+            else:
+                size = min(WINDOW, FIRST_WINDOW << min(self._windows_read, 16))
+                self._windows_read += 1
+            data = self._read_range(offset, max(offset + length, min(offset + size, file_end)))
             with self._lock:
                 self.pages_read += 1
-            return self._read_range(offset, offset + length)
-        start, data = found
-        if start <= offset and offset + length <= start + len(data):
-            return data[offset - start : offset - start + length]
-        with self._lock:  # a page that starts in this window and ends past what it read
-            self.pages_read += 1
-        return self._read_range(offset, offset + length)
+                self._windows[offset] = data
+                while len(self._windows) > WINDOWS_KEPT:
+                    self._windows.popitem(last=False)
+        return data[:length]
 
-    def _read_window(
-        self, window: int, page: int, offset: int, length: int
-    ) -> tuple[int, bytes] | None:
-        """Read and keep window ``window`` (from the first page starting in it, or ``page``),
-        or ``None`` for the first page read after the top (read alone by the caller)."""
-        pages = self.top.pages
-        first = min(page, int(np.searchsorted(pages[:, 0], window * WINDOW, side="left")))
-        start = int(pages[first, 0])
-        file_end = int(pages[-1, 0] + pages[-1, 1])
-        # The first page read after the top is read alone, so that a rank's first batch
-        # costs the top and one page; later misses bring their window.
-        if not self.pages_read:
-            return None
-        end = max(offset + length, min(start + WINDOW, file_end))
-        found = (start, self._read_range(start, end))
+    def _kept(self, offset: int, length: int) -> bytes | None:
+        """The bytes ``offset .. offset + length`` from a kept window that holds them."""
         with self._lock:
-            self.pages_read += 1
-            self._windows[window] = found
-            while len(self._windows) > WINDOWS_KEPT:
-                self._windows.popitem(last=False)
-        return found
+            for start, data in self._windows.items():
+                if start <= offset and offset + length <= start + len(data):
+                    self._windows.move_to_end(start)
+                    return data[offset - start : offset - start + length]
+        return None
 
     def indexed(self, shard: int) -> IndexedShard:
         """Shard ``shard``'s record, its page read and checked if it was not."""
