@@ -119,9 +119,9 @@ def test_steady_state_requests_are_the_ranks_own_reads(
     assert found.steps == steps
     steady = found.steady
     # A step of 2,048 stored batches spans 8 blocks, so every step of a rank enters a new
-    # shard: its page comes with a window of pages (7 windows hold the whole index), and
+    # shard: its page comes with a window of pages (about a dozen hold the whole index), and
     # under "first" its checksum range is read, and only its own.
-    assert steady.requests["index"] <= 10
+    assert steady.requests["index"] <= 12  # 64 KiB .. 1 MiB windows: the 7.2 MB index once
     shards_read = len(steady.keys)
     if verify == "whole":  # partial slots: not checkable, nothing fetched to check them
         assert steady.requests["shards"] == steps * ROWS

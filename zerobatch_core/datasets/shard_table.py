@@ -184,20 +184,29 @@ class IndexedShards(ShardTable):
             found = self._kept(offset, length)
             if found is not None:
                 return found
-            pages = self.top.pages
-            file_end = int(pages[-1, 0] + pages[-1, 1])
             if not self.pages_read:
-                size = length
+                start, end = offset, offset + length
             else:
-                size = min(WINDOW, FIRST_WINDOW << min(self._windows_read, 16))
-                self._windows_read += 1
-            data = self._read_range(offset, max(offset + length, min(offset + size, file_end)))
+                start, end = self._window_around(page, offset)
+            data = self._read_range(start, end)
             with self._lock:
                 self.pages_read += 1
-                self._windows[offset] = data
+                self._windows[start] = data
                 while len(self._windows) > WINDOWS_KEPT:
                     self._windows.popitem(last=False)
-        return data[:length]
+        return data[offset - start : offset - start + length]
+
+    def _window_around(self, page: int, offset: int) -> tuple[int, int]:
+        """The next window to read for page ``page``: the whole pages that start in the
+        aligned span of the window's size holding ``offset`` (the span doubles from
+        ``FIRST_WINDOW`` with every window read, up to ``WINDOW``), this one included."""
+        size = min(WINDOW, FIRST_WINDOW << min(self._windows_read, 16))
+        self._windows_read += 1
+        pages = self.top.pages
+        span = (offset // size) * size
+        first = min(page, int(np.searchsorted(pages[:, 0], span, side="left")))
+        last = max(page, int(np.searchsorted(pages[:, 0], span + size, side="left")) - 1)
+        return int(pages[first, 0]), int(pages[last, 0] + pages[last, 1])
 
     def _kept(self, offset: int, length: int) -> bytes | None:
         """The bytes ``offset .. offset + length`` from a kept window that holds them."""
