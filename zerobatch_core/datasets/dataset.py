@@ -377,35 +377,16 @@ class DatasetReader(LocalSlots, Closing):
     def _expected(self, shard: int, local: int, index: int) -> int:
         """Slot ``index``'s checksum: from the whole checksums file (version 1), or from the
         shard's range of it, checked against the index's digest of the range (version 2)."""
-        digest = self.table.checksums_xxh3(shard)
-        if digest is None:
+        if self.table.checksums_xxh3(shard) is None:
             return int(self.checksums()[index])
         found = self._range_checksums.get(shard)
         if found is None:
-            found = self._range_checksums[shard] = self._read_range_checksums(shard, digest)
-        return int(found[local])
-
-    def _read_range_checksums(self, shard: int, digest: str) -> npt.NDArray[np.uint64]:
-        path = os.path.join(self.path, CHECKSUMS_NAME)
-        start = int(self._first[shard]) * CHECKSUM_BYTES
-        length = int(self.table.counts[shard]) * CHECKSUM_BYTES
-
-        def fail(detail: str) -> DatasetError:
-            violation = DatasetViolation(DatasetCode.CHECKSUMS_MISMATCH, CHECKSUMS_NAME, detail)
-            return DatasetError(path, violation)
-
-        try:
-            data = read_regular_range(path, start, length)
-        except OSError as e:
-            detail = "not found" if isinstance(e, FileNotFoundError) else f"unreadable: {e}"
-            raise fail(detail) from None
-        found = bytes_xxh3(data)
-        if len(data) != length or found != digest:
-            raise fail(
-                f"{len(data)} bytes at {start} with xxh3 {found} for shard {shard}; the index "
-                f"says {length} bytes with xxh3 {digest}"
+            path = os.path.join(self.path, CHECKSUMS_NAME)
+            found = self.table.range_checksums(
+                shard, path, lambda a, b: read_regular_range(path, a, b - a)
             )
-        return np.frombuffer(data, dtype="<u8")
+            self._range_checksums[shard] = found
+        return int(found[local])
 
     def _check_slot(self, reader: BatchFileReader, shard: int, local: int, index: int) -> None:
         got = file_slot_checksum(reader, local)

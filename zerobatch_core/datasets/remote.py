@@ -86,7 +86,7 @@ from ..order import BlockOrder, Order, sharded_order
 from ..redaction import redact
 from ..stores.range_cache import RangeCache
 from ..stores.resolve import open_store
-from ..stores.store import Store, StoreError, split_url
+from ..stores.store import Store, split_url
 from .dataset import DatasetError
 from .shard_table import IndexedShards, LazyShards
 
@@ -683,28 +683,11 @@ class RemoteSource(Closing):
     def _read_range_checksums(self, n: int) -> npt.NDArray[np.uint64]:
         """Shard ``n``'s range of ``checksums.xxh3``, checked against its index record."""
         assert self.table is not None
-        digest = self.table.checksums_xxh3(n)
-        start = int(self.table.firsts[n]) * CHECKSUM_BYTES
-        end = int(self.table.firsts[n + 1]) * CHECKSUM_BYTES
-        try:
-            data = self.store.read_ranges(CHECKSUMS_NAME, [(start, end)])[0] if end > start else b""
-        except (FileNotFoundError, StoreError) as e:
-            detail = "not found" if isinstance(e, FileNotFoundError) else f"unreadable: {e}"
-            raise DatasetError(
-                self.store.where(CHECKSUMS_NAME),
-                DatasetViolation(DatasetCode.CHECKSUMS_MISMATCH, CHECKSUMS_NAME, detail),
-            ) from None
-        found = bytes_xxh3(data)
-        if found != digest:
-            raise DatasetError(
-                self.store.where(CHECKSUMS_NAME),
-                DatasetViolation(
-                    DatasetCode.CHECKSUMS_MISMATCH,
-                    CHECKSUMS_NAME,
-                    f"bytes {start}..{end} (shard {n}) have xxh3 {found}; the index says {digest}",
-                ),
-            )
-        return np.frombuffer(data, dtype="<u8")
+        return self.table.range_checksums(
+            n,
+            self.store.where(CHECKSUMS_NAME),
+            lambda a, b: self.store.read_ranges(CHECKSUMS_NAME, [(a, b)])[0],
+        )
 
     def _check_slot(self, index: int, entry: BatchObject, local: int, slot: bytes) -> None:
         got = xxhash.xxh3_64_intdigest(slot)

@@ -23,11 +23,14 @@ from typing import overload
 import numpy as np
 import numpy.typing as npt
 from zerobatch_spec.dataset import (
+    CHECKSUM_BYTES,
+    CHECKSUMS_NAME,
     MANIFEST_VERSION_INDEXED,
     DatasetCode,
     DatasetViolation,
     Manifest,
     Shard,
+    bytes_xxh3,
 )
 from zerobatch_spec.index import (
     HEAD_SIZE,
@@ -86,6 +89,32 @@ class ShardTable:
         """Every shard's entry in dataset order (reads every page of an index)."""
         for i in range(len(self)):
             yield self.entry(i)
+
+    def range_checksums(self, shard: int, where: str, read: ReadRange) -> npt.NDArray[np.uint64]:
+        """Shard ``shard``'s slot checksums: its range of ``checksums.xxh3`` (read with
+        ``read(start, end)`` from the file at ``where``), checked against the digest its
+        index record gives (``SPEC.md`` 23.3), so that a checked read needs only that range.
+        A range that cannot be read, is short or has another digest is ``checksums_mismatch``."""
+        digest = self.checksums_xxh3(shard)
+        start = int(self.firsts[shard]) * CHECKSUM_BYTES
+        end = int(self.firsts[shard + 1]) * CHECKSUM_BYTES
+
+        def fail(detail: str) -> DatasetError:
+            violation = DatasetViolation(DatasetCode.CHECKSUMS_MISMATCH, CHECKSUMS_NAME, detail)
+            return DatasetError(where, violation)
+
+        try:
+            data = read(start, end) if end > start else b""
+        except OSError as e:  # missing, not a regular file, unreadable
+            detail = "not found" if isinstance(e, FileNotFoundError) else f"unreadable: {e}"
+            raise fail(detail) from None
+        found = bytes_xxh3(data)
+        if len(data) != end - start or found != digest:
+            raise fail(
+                f"bytes {start}..{end} (shard {shard}): {len(data)} read, xxh3 {found}; the "
+                f"index says {end - start} bytes, xxh3 {digest}"
+            )
+        return np.frombuffer(data, dtype="<u8")
 
 
 class ListedShards(ShardTable):
