@@ -32,6 +32,7 @@ from zerobatch_spec.dataset import (
     bytes_xxh3,
     header_xxh3,
     parse_manifest,
+    shard_file_name,
     shard_seed,
     slot_checksum,
 )
@@ -126,16 +127,17 @@ def sharded(
     seed: int,
     sources: Sequence[Source] = (),
     dtype: int = DTYPE_UINT32,
+    prefixes: int = 1,
 ) -> Files:
     """The sharded writer's dataset (section 12): consecutive ranges of
-    ``shard_batches * batch_size`` records, shard ``i`` written with ``shard_seed(seed, i)``,
-    every shard of dtype code ``dtype``."""
+    ``shard_batches * batch_size`` records, shard ``i`` written with ``shard_seed(seed, i)``
+    and named ``shard_file_name(i, prefixes)`` (23.1), every shard of dtype code ``dtype``."""
     per_shard = shard_batches * batch_size
     shards = []
     for i, first in enumerate(range(0, int(records.shape[0]), per_shard)):
         part = records[first : first + per_shard]
         data = shard_bytes(part, batch_size, seq_len, shard_seed(seed, i), dtype)
-        shards.append((SHARD_NAME_FORMAT.format(i), data, (first, first + int(part.shape[0]))))
+        shards.append((shard_file_name(i, prefixes), data, (first, first + int(part.shape[0]))))
     return build_dataset(batch_size, seq_len, seed, shards, sources, dtype)
 
 
@@ -216,10 +218,15 @@ def without(files: Files, *names: str) -> Files:
 # -- version 2: the shard index (section 23) -----------------------------------------------------
 
 
-def indexed(files: Files, page_records: int = PAGE_RECORDS, index_name: str = INDEX_NAME) -> Files:
+def indexed(
+    files: Files,
+    page_records: int = PAGE_RECORDS,
+    index_name: str = INDEX_NAME,
+    prefixes: int = 1,
+) -> Files:
     """``files`` (a version 1 dataset this module built) described by a version 2 manifest and
-    a shard index named ``index_name`` of ``page_records`` records a page: the shards and the
-    checksums file stay as they are."""
+    a shard index named ``index_name`` of ``page_records`` records a page, its names spread
+    over ``prefixes`` key prefixes: the shards and the checksums file stay as they are."""
     manifest = manifest_of(files)
     sums = files[CHECKSUMS_NAME]
     assert sums is not None and manifest.index is None
@@ -231,6 +238,7 @@ def indexed(files: Files, page_records: int = PAGE_RECORDS, index_name: str = IN
         dtype=manifest.dtype,
         seed=manifest.seed,
         page_records=page_records,
+        prefixes=prefixes,
     )
     top = parse_top(index, len(index))
     assert isinstance(top, IndexTop), top
@@ -241,6 +249,7 @@ def indexed(files: Files, page_records: int = PAGE_RECORDS, index_name: str = IN
         index=IndexRef(index_name, len(index), top.xxh3),
         shard_count=len(manifest.shards),
         declared_batches=manifest.num_batches,
+        prefixes=prefixes,
     )
     return {**files, index_name: index, MANIFEST_NAME: build_manifest(v2)}
 
@@ -282,6 +291,7 @@ HEAD_FIELDS = (
     "seed",
     "run_count",
     "page_count",
+    "prefixes",
     "reserved",
 )
 """The head's fields before ``top_xxh3``, in order (``zerobatch_spec.index.HEAD``)."""

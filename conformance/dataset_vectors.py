@@ -43,6 +43,7 @@ from zerobatch_spec.dataset import (
     bytes_xxh3,
     dataset_epoch_key,
     dataset_epoch_order,
+    shard_file_name,
     shard_seed,
 )
 from zerobatch_spec.index import (
@@ -174,10 +175,11 @@ def writer_input(
     sources: Sequence[Source] = (),
     dtype: int = DTYPE_UINT32,
     version: int = MANIFEST_VERSION,
+    prefixes: int = 1,
 ) -> dict[str, Any]:
     """What the golden test gives the sharded writer to reproduce a vector byte for byte (the
-    dtype code only where it is not 0, as in a file's writer input, and the manifest version
-    only where it is not 1)."""
+    dtype code only where it is not 0, as in a file's writer input, the manifest version
+    only where it is not 1, and the key prefixes only where they are not 1)."""
     return {
         "dataset_writer_input": {
             "records": records.tolist(),
@@ -188,6 +190,7 @@ def writer_input(
             "sources": [{"path": s.path, "records": list(s.records)} for s in sources],
             **({"dtype": dtype} if dtype != DTYPE_UINT32 else {}),
             **manifest_version_key(version),
+            **({"prefixes": prefixes} if prefixes != 1 else {}),
         }
     }
 
@@ -209,14 +212,17 @@ def written(
     sources: Sequence[Source] = (),
     dtype: int = DTYPE_UINT32,
     version: int = MANIFEST_VERSION,
+    prefixes: int = 1,
 ) -> Vector:
     """A valid dataset the sharded writer makes of ``count`` pseudo-random records (``version``
-    2: described by a shard index)."""
+    2: described by a shard index, its names spread over ``prefixes`` key prefixes)."""
     records = records_of(count, seq_len, salt=1000 + seed + count, dtype=dtype)
-    files = sharded(records, batch_size, seq_len, shard_batches, seed, sources, dtype)
+    files = sharded(records, batch_size, seq_len, shard_batches, seed, sources, dtype, prefixes)
     if version == MANIFEST_VERSION_INDEXED:
-        files = indexed(files)
-    extra = writer_input(records, batch_size, seq_len, shard_batches, seed, sources, dtype, version)
+        files = indexed(files, prefixes=prefixes)
+    extra = writer_input(
+        records, batch_size, seq_len, shard_batches, seed, sources, dtype, version, prefixes
+    )
     return valid_dataset(vid, comment, files, ["writer", *flags], extra)
 
 
@@ -819,6 +825,34 @@ def valid_indexed_datasets() -> Iterator[Vector]:
         dtype=DTYPE_UINT16,
         version=MANIFEST_VERSION_INDEXED,
     )
+    yield written(
+        "dataset-valid-v2-prefixes-4",
+        "sharded writer, version 2, names spread over 4 key prefixes: 9 records of 3 tokens, 2 "
+        "per batch, 1 batch per shard: 0-shard-00000.batch, 1-shard-00001.batch, "
+        "2-shard-00002.batch, 3-shard-00003.batch (generated names; the manifest and the "
+        "index head say 4)",
+        9,
+        2,
+        3,
+        1,
+        6,
+        [V2, "prefixes", "padding", "remainder"],
+        version=MANIFEST_VERSION_INDEXED,
+        prefixes=4,
+    )
+    yield written(
+        "dataset-valid-v2-prefixes-17",
+        "sharded writer, version 2, names spread over 17 key prefixes (two hexadecimal digits, "
+        "00 to 10): 3 shards, 00-shard-00000.batch to 02-shard-00002.batch",
+        6,
+        2,
+        3,
+        1,
+        2,
+        [V2, "prefixes"],
+        version=MANIFEST_VERSION_INDEXED,
+        prefixes=17,
+    )
     yield described_indexed(
         "dataset-valid-v2-names-in-pages",
         "existing files described as a version 2 dataset: names other than the sharded "
@@ -979,8 +1013,25 @@ def index_open_vectors() -> Iterator[Vector]:
             "a reserved head byte set",
             "index.reserved",
             "reserved",
-            bytes(47) + b"\1",
+            bytes(43) + b"\1",
             [],
+        ),
+        ("prefixes-1", "head prefixes 1 (0 or 2 and above)", "index.prefixes", "prefixes", 1, []),
+        (
+            "prefixes-above",
+            "head prefixes 65537 (at most 65536)",
+            "index.prefixes",
+            "prefixes",
+            65537,
+            ["off-by-one"],
+        ),
+        (
+            "prefixes-unstated",
+            "head prefixes 4 (generated names), the manifest states none",
+            "index",
+            "prefixes",
+            4,
+            ["prefixes"],
         ),
         ("page-records-0", "page_records 0", "index.page_records", "page_records", 0, []),
         (
@@ -1014,6 +1065,35 @@ def index_open_vectors() -> Iterator[Vector]:
             resealed(files, head),
             flags,
         )
+    listed = IndexParts({**parts.head, "flags": 0, "prefixes": 4}, parts.runs, parts.pages)
+    yield index_broken(
+        "dataset-index-head-prefixes-listed-names",
+        "head prefixes 4 without the generated-names flag (prefixes name generated names "
+        "only); the top's digest and the manifest sealed over it",
+        "index.prefixes",
+        resealed(files, listed),
+        ["prefixes"],
+    )
+    yield index_broken(
+        "dataset-index-manifest-prefixes",
+        "the manifest's prefixes 4, the index head's 0 (none)",
+        "index",
+        with_manifest(files, lambda m: dataclasses.replace(m, prefixes=4)),
+        ["prefixes"],
+    )
+    spread = indexed(sharded(records_of(8, 3, salt=23), 2, 3, 1, 5, prefixes=4), prefixes=4)
+    yield broken(
+        "dataset-prefixes-shard-unprefixed",
+        "a dataset of names spread over 4 prefixes whose shard 1 is stored as "
+        "shard-00001.batch, without its prefix: the index names 1-shard-00001.batch",
+        DatasetCode.SHARD_MISSING.value,
+        shard_file_name(1, 4),
+        {
+            **without(spread, shard_file_name(1, 4)),
+            SHARD_NAME_FORMAT.format(1): spread[shard_file_name(1, 4)],
+        },
+        [V2, "prefixes"],
+    )
     yield index_broken(
         "dataset-index-manifest-shard-count",
         "the manifest's shard_count 3, the index's 2",

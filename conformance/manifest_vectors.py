@@ -513,7 +513,8 @@ def manifest_order_vectors() -> Iterator[Vector]:
 
 def indexed_manifest_vectors() -> Iterator[Vector]:
     """Version 2 manifests (section 23.1): rule 4 over ``index``, ``shard_count``,
-    ``num_batches`` and ``sources``, after the fields both versions share, in that order."""
+    ``num_batches``, ``prefixes`` and ``sources``, after the fields both versions share, in
+    that order."""
     bad = DatasetCode.MANIFEST_BAD_FIELD
     v2 = ["v2"]
     yield manifest_vector(
@@ -619,6 +620,13 @@ def indexed_manifest_vectors() -> Iterator[Vector]:
             U64_MAX + 1,
             "num_batches",
         ),
+        ("prefixes-0", "prefixes 0", ["prefixes"], 0, "prefixes"),
+        ("prefixes-negative", "prefixes -1", ["prefixes"], -1, "prefixes"),
+        ("prefixes-above", "prefixes 65537 (at most 65536)", ["prefixes"], 65537, "prefixes"),
+        ("prefixes-string", 'prefixes "4"', ["prefixes"], "4", "prefixes"),
+        ("prefixes-float", "prefixes 4.0", ["prefixes"], 4.0, "prefixes"),
+        ("prefixes-true", "prefixes true", ["prefixes"], True, "prefixes"),
+        ("prefixes-null", "prefixes null", ["prefixes"], None, "prefixes"),
         ("sources-null", "sources null", ["sources"], None, "sources"),
         ("sources-object", "sources is an object", ["sources"], {}, "sources"),
         (
@@ -637,7 +645,8 @@ def indexed_manifest_vectors() -> Iterator[Vector]:
         ),
     ]
     for name, comment, path, value, where in cases:
-        flags = [*v2, "overflow"] if "above" in name else v2
+        flags = [*v2, "overflow"] if "above-u64" in name else v2
+        flags = [*flags, "off-by-one"] if name == "prefixes-above" else flags
         yield manifest_vector(
             f"dataset-manifest-v2-{name}",
             comment,
@@ -721,6 +730,20 @@ def indexed_order_vectors() -> Iterator[Vector]:
             bad,
             "num_batches",
             both(set_path(["num_batches"], U64_MAX + 1), set_path(["sources"], None)),
+        ),
+        (
+            "num-batches-before-prefixes",
+            "num_batches -1 and prefixes 0",
+            bad,
+            "num_batches",
+            both(set_path(["num_batches"], -1), set_path(["prefixes"], 0)),
+        ),
+        (
+            "prefixes-before-sources",
+            "prefixes 1.5 and sources null",
+            bad,
+            "prefixes",
+            both(set_path(["prefixes"], 1.5), set_path(["sources"], None)),
         ),
     ]
     for name, comment, code, where, doc in cases:

@@ -69,6 +69,31 @@ SHARD_NAME_FORMAT: Final = "shard-{:05d}.batch"
 """Name the sharded writer gives shard ``i`` (``SPEC.md`` section 12): ``shard-00000.batch``,
 ``shard-00001.batch``, ... (shard 100000 on has more digits)."""
 
+MAX_PREFIXES: Final = 65536
+"""Most key prefixes a version 2 dataset's shard names spread over (``SPEC.md`` 23.1)."""
+
+
+def shard_file_name(shard: int, prefixes: int = 1) -> str:
+    """The name the sharded writer gives shard ``shard`` of a dataset whose names spread over
+    ``prefixes`` key prefixes (``SPEC.md`` 23.1): ``SHARD_NAME_FORMAT``'s name, behind
+    ``shard mod prefixes`` in lowercase hexadecimal, zero-padded to the digits of
+    ``prefixes - 1``, and a ``-`` when ``prefixes > 1`` (``3-shard-00003.batch`` of 16,
+    ``2a-shard-00042.batch`` of 256). Consecutive shards, which a step reads together, land
+    under different prefixes, so an object store's per-prefix request rate divides by
+    ``prefixes``."""
+    name = SHARD_NAME_FORMAT.format(shard)
+    if prefixes <= 1:
+        return name
+    return f"{shard % prefixes:0{len(f'{prefixes - 1:x}')}x}-{name}"
+
+
+def key_prefix(name: str, prefixes: int) -> str:
+    """The key prefix of a shard named ``name`` in a dataset of ``prefixes`` prefixes: the
+    hexadecimal digits and ``-`` before ``shard-`` (``""`` without prefixes)."""
+    if prefixes <= 1:
+        return ""
+    return name[: len(f"{prefixes - 1:x}") + 1]
+
 
 class DatasetCode(str, Enum):
     """Stable error codes of manifests and datasets (``SPEC.md`` section 13)."""
@@ -159,6 +184,9 @@ class Manifest:
     """Version 2: the number of shards the index lists."""
     declared_batches: int | None = None
     """Version 2: the number of slots the index's shards hold."""
+    prefixes: int = 1
+    """Version 2: the key prefixes the shards' generated names spread over (``"prefixes"``
+    in the JSON, absent for 1; ``shard_file_name``)."""
 
     @property
     def num_batches(self) -> int:
@@ -407,14 +435,14 @@ def _parse(data: bytes) -> Manifest:
 
 _INDEXED_KEYS: Final = frozenset(
     ("format", "version", "batch_size", "seq_len", "dtype", "seed", "checksums", "index")
-) | frozenset(("shard_count", "num_batches", "sources"))
+) | frozenset(("shard_count", "num_batches", "prefixes", "sources"))
 
 
 def _parse_indexed(
     obj: dict[str, Any], batch_size: int, seq_len: int, dtype: int, seed: int, digest: str
 ) -> Manifest:
     """The rest of a version 2 manifest: ``index``, ``shard_count``, ``num_batches``,
-    ``sources`` (rule 4, in this order)."""
+    ``prefixes``, ``sources`` (rule 4, in this order)."""
     index = obj.get("index")
     if not isinstance(index, dict):
         raise _ManifestError(
@@ -434,6 +462,7 @@ def _parse_indexed(
     top = _hex16(index, "xxh3", "index.")
     shard_count = _int(obj, "shard_count", "", 0, U64_MAX)
     num_batches = _int(obj, "num_batches", "", 0, U64_MAX)
+    prefixes = _int(obj, "prefixes", "", 1, MAX_PREFIXES) if "prefixes" in obj else 1
     sources_obj = obj.get("sources", [])
     if not isinstance(sources_obj, list):
         raise _ManifestError(
@@ -454,6 +483,7 @@ def _parse_indexed(
         IndexRef(name, size, top),
         shard_count,
         num_batches,
+        prefixes,
     )
 
 
@@ -543,6 +573,7 @@ def _build_indexed(manifest: Manifest) -> bytes:
         "index": {"name": index.name, "size": index.size, "xxh3": index.xxh3},
         "shard_count": manifest.shard_count,
         "num_batches": manifest.declared_batches,
+        **({"prefixes": manifest.prefixes} if manifest.prefixes > 1 else {}),
         **manifest.extra,
         "sources": [{"path": s.path, "records": list(s.records)} for s in manifest.sources],
     }

@@ -31,12 +31,13 @@ import xxhash
 from .dataset import (
     CHECKSUMS_NAME,
     MANIFEST_NAME,
-    SHARD_NAME_FORMAT,
+    MAX_PREFIXES,
     DatasetCode,
     DatasetViolation,
     Manifest,
     Shard,
     is_shard_name,
+    shard_file_name,
 )
 from .layout import DEFINED_DTYPES, DTYPE_NAMES, HEADER_SIZE, U32_MAX, U64_MAX, expected_file_size
 
@@ -51,13 +52,13 @@ MAX_PAGE_RECORDS: Final = 65536
 """Largest ``page_records`` a reader accepts (a page then reads at most 21 MiB)."""
 
 FLAG_GENERATED_NAMES: Final = 1
-"""Head flag: shard ``i`` is named ``SHARD_NAME_FORMAT.format(i)`` and pages hold no names."""
+"""Head flag: shard ``i`` is named ``shard_file_name(i, prefixes)`` and pages hold no names."""
 RECORD_FLAG_RECORDS: Final = 1
 """Record flag: the shard's input record range is known (``records_first``, ``records_last``)."""
 
-HEAD: Final = struct.Struct("<8sIIQQIIIIQQQ48sQ")
+HEAD: Final = struct.Struct("<8sIIQQIIIIQQQI44sQ")
 """magic, version, flags, shard_count, num_batches, batch_size, seq_len, dtype, page_records,
-seed, run_count, page_count, reserved (48 zero bytes), top_xxh3."""
+seed, run_count, page_count, prefixes, reserved (44 zero bytes), top_xxh3."""
 HEAD_SIZE: Final = HEAD.size
 RUN: Final = struct.Struct("<QQ")
 """A run: ``shards`` consecutive shards of ``num_batches`` slots each."""
@@ -92,6 +93,8 @@ class IndexTop:
     """Bytes of the top (head, runs, page table): what a reader reads at open."""
     xxh3: str
     """The top's digest, as the manifest's ``index.xxh3`` records it."""
+    prefixes: int = 1
+    """The key prefixes generated names spread over (the head's ``prefixes``, 0 read as 1)."""
 
     @property
     def generated_names(self) -> bool:
@@ -143,6 +146,7 @@ def parse_top(data: bytes, file_size: int) -> IndexTop | DatasetViolation:
         seed,
         run_count,
         page_count,
+        prefixes,
         reserved,
         _top_xxh3,
     ) = HEAD.unpack_from(data)
@@ -156,6 +160,10 @@ def parse_top(data: bytes, file_size: int) -> IndexTop | DatasetViolation:
         return _bad("index.flags", f"unknown flags {flags:#x}")
     if reserved != bytes(len(reserved)):
         return _bad("index.reserved", "reserved bytes are not zero")
+    if prefixes == 1 or prefixes > MAX_PREFIXES:
+        return _bad("index.prefixes", f"expected 0 or 2 to {MAX_PREFIXES}, found {prefixes}")
+    if prefixes and not flags & FLAG_GENERATED_NAMES:
+        return _bad("index.prefixes", f"{prefixes} prefixes in an index of listed names")
     if not 1 <= page_records <= MAX_PAGE_RECORDS:
         return _bad("index.page_records", f"expected 1 to {MAX_PAGE_RECORDS}, found {page_records}")
     if batch_size < 1 or seq_len < 1:
@@ -231,6 +239,7 @@ def parse_top(data: bytes, file_size: int) -> IndexTop | DatasetViolation:
         pages.astype(np.uint64),
         size,
         f"{_top_xxh3:016x}",
+        max(prefixes, 1),
     )
 
 
@@ -243,7 +252,15 @@ def check_top(top: IndexTop, manifest: Manifest) -> DatasetViolation | None:
             "index.top_xxh3",
             f"the top's digest is {top.xxh3}, the manifest says {manifest.index.xxh3}",
         )
-    found = (top.batch_size, top.seq_len, top.dtype, top.seed, top.shard_count, top.num_batches)
+    found = (
+        top.batch_size,
+        top.seq_len,
+        top.dtype,
+        top.seed,
+        top.shard_count,
+        top.num_batches,
+        top.prefixes,
+    )
     want = (
         manifest.batch_size,
         manifest.seq_len,
@@ -251,12 +268,13 @@ def check_top(top: IndexTop, manifest: Manifest) -> DatasetViolation | None:
         manifest.seed,
         manifest.shard_count,
         manifest.declared_batches,
+        manifest.prefixes,
     )
     if found != want:
         return _bad(
             "index",
-            f"(batch_size, seq_len, dtype, seed, shard_count, num_batches) = {found}; the "
-            f"manifest says {want}",
+            f"(batch_size, seq_len, dtype, seed, shard_count, num_batches, prefixes) = {found}; "
+            f"the manifest says {want}",
         )
     return None
 
@@ -303,7 +321,7 @@ def parse_page(
         if top.generated_names:
             if name_len or name_off:
                 return _bad(f"{w}.name", "a name in an index of generated names")
-            name = SHARD_NAME_FORMAT.format(i)
+            name = shard_file_name(i, top.prefixes)
         else:
             start = name_off
             end = start + name_len
@@ -381,11 +399,13 @@ def build_index(
     seed: int,
     page_records: int = PAGE_RECORDS,
     range_digests: Sequence[int] | None = None,
+    prefixes: int = 1,
 ) -> bytes:
     """The index's bytes for ``shards`` (in dataset order) and the dataset's checksums file.
 
     Names are written as generated (no names in the pages) when every shard's name is the
-    sharded writer's for its number. ``range_digests``, if given, are the digests of each
+    sharded writer's for its number (``shard_file_name(i, prefixes)``); ``prefixes`` above 1
+    requires that. ``range_digests``, if given, are the digests of each
     shard's range of the checksums file, and ``checksums`` is then not read (a caller that
     knows them without holding the file: ``zerobatch plan``'s model of a dataset).
     """
@@ -395,7 +415,11 @@ def build_index(
     total = sum(counts)
     if range_digests is None and len(checksums) != total * 8:
         raise ValueError(f"{len(checksums)} bytes of checksums for {total} slots")
-    generated = all(s.name == SHARD_NAME_FORMAT.format(i) for i, s in enumerate(shards))
+    if not 1 <= prefixes <= MAX_PREFIXES:
+        raise ValueError(f"prefixes must be in [1, {MAX_PREFIXES}], got {prefixes}")
+    generated = all(s.name == shard_file_name(i, prefixes) for i, s in enumerate(shards))
+    if prefixes > 1 and not generated:
+        raise ValueError(f"{prefixes} prefixes need the names shard_file_name(i, {prefixes}) gives")
     runs = runs_of(counts)
     page_count = -(-len(shards) // page_records)
     pages: list[bytes] = []
@@ -451,7 +475,8 @@ def build_index(
         seed,
         len(runs),
         page_count,
-        bytes(48),
+        prefixes if prefixes > 1 else 0,
+        bytes(44),
     )
     head = HEAD.pack(*fields, 0)
     digest = xxhash.xxh3_64_intdigest(head[: HEAD_SIZE - 8] + body)

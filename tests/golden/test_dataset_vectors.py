@@ -215,6 +215,7 @@ def test_the_sharded_writer_reproduces_the_vector(entry: dict[str, Any], tmp_pat
         allow_empty=True,
         dtype=spec.get("dtype", 0),  # the dtype code, stated only where it is not 0
         manifest_version=spec.get("manifest_version", 1),  # stated only where it is not 1
+        prefixes=spec.get("prefixes", 1),  # stated only where it is not 1
     )
     same_tree(tmp_path / "out", VECTORS / entry["input"])
 

@@ -5,6 +5,7 @@ every rank serves what a version 1 copy of the same dataset serves."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -164,3 +165,33 @@ def test_inspect_and_validate_read_the_index(
     assert info["manifest_version"] == 2 and info["shards"] == SHARDS
     assert main(["validate", v2, "--deep"]) == 0
     assert "OK" in capsys.readouterr().out
+
+
+def test_shards_spread_over_prefixes_divide_the_requests(
+    twins: tuple[Path, Path], tmp_path: Path, bucket: str, proxy: S3Proxy
+) -> None:
+    """Written with ``prefixes=8``, the shards' GETs divide evenly among 8 key prefixes, and
+    a rank serves what the dataset without prefixes serves."""
+    spread = tmp_path / "spread"
+    kw = dict(batch_size=B, seq_len=T, shard_batches=1, seed=11, manifest_version=2)
+    write_sharded_dataset(spread, [records(SHARDS * B, T)], prefixes=8, **kw)  # type: ignore[arg-type]
+    _, v2 = _uploaded(twins, bucket)
+    url = f"s3://{bucket}/spread"
+    upload(spread, url)
+    served = {}
+    for where in (v2, url):
+        proxy.reset()
+        with RemoteSource(where, verify="off", prefetch_bytes=0) as source:
+            loader = BatchNativeLoader(source, dtype="int32", block_size=1, seed=3)
+            served[where] = [np.array(b).tolist() for b in loader][:SHARDS]
+        shard_gets = Counter(
+            path.removeprefix(f"/{bucket}/").split("/")[-1].split("shard-")[0]
+            for _, path, _ in proxy.log
+            if path.endswith(".batch")
+        )
+        if where == url:
+            assert set(shard_gets) == {f"{p}-" for p in range(8)}
+            assert max(shard_gets.values()) - min(shard_gets.values()) <= 1
+        else:
+            assert set(shard_gets) == {""}
+    assert served[v2] == served[url]

@@ -160,6 +160,22 @@ def add_manifest_version(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_shard_prefixes(p: argparse.ArgumentParser) -> None:
+    """``--shard-prefixes`` of the commands that write shards."""
+    p.add_argument(
+        "--shard-prefixes",
+        dest="prefixes",
+        type=positive,
+        default=1,
+        metavar="P",
+        help="spread the shards' names over P key prefixes (shard i is named with i mod P in "
+        "hexadecimal in front: 3-shard-00003.batch), recorded in the manifest, so that a job "
+        "reading the dataset from an object store divides its request rate among P prefixes "
+        "(stores limit requests per prefix); needs --manifest-version 2 (default: 1, no "
+        "prefix)",
+    )
+
+
 def positive(text: str) -> int:
     try:
         v = int(text)

@@ -62,6 +62,7 @@ def _dataset_info(reader: DatasetReader) -> tuple[dict[str, Any], Manifest]:
         info["index"] = m.index.name
         info["index_size"] = m.index.size
         info["index_xxh3"] = m.index.xxh3
+        info["prefixes"] = m.prefixes
     info["manifest_sha256"] = reader.manifest_sha256
     info["sources"] = len(m.sources)
     return info, m

@@ -90,6 +90,7 @@ def _info(source: RemoteSource) -> dict[str, Any]:
         info.update(
             kind="dataset",
             manifest_version=d.version,
+            **({"prefixes": d.prefixes} if d.index is not None else {}),
             shards=len(d.shards),
             num_batches=d.num_batches,
             batch_size=b,

@@ -89,9 +89,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"{_size(job['bytes_per_second'])}/s in steady state"
     )
     prefixes = job["key_prefixes"]
+    shown_prefixes = ", ".join(prefixes if len(prefixes) <= 4 else [*prefixes[:3], "..."])
+    if len(prefixes) > 4:
+        shown_prefixes += f", {prefixes[-1]}"
     print(
-        f"key prefixes: {len(prefixes)} ({', '.join(prefixes) or 'none'}), "
-        f"{job['requests_per_second_per_prefix']:,.0f} GET/s each"
+        f"key prefixes: {len(prefixes)} ({shown_prefixes or 'none'}), "
+        f"{job['requests_per_second_busiest_prefix']:,.0f} GET/s on the busiest"
     )
     for warning in found.warnings:
         print(f"warning: {warning}")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from zerobatch_spec.dataset import MAX_PREFIXES
 
 from ..errors import MissingDependencyError
 from ..stores.store import is_url
@@ -23,6 +24,7 @@ from .common import (
     ProgressDisplay,
     UsageError,
     add_manifest_version,
+    add_shard_prefixes,
     check_output_argument,
     check_readable,
     positive,
@@ -92,6 +94,7 @@ def cmd_write(args: argparse.Namespace) -> int:
             shard_batches=args.shard_batches,
             dtype=args.dtype,
             manifest_version=args.manifest_version,
+            prefixes=args.prefixes,
         )
     _print_summary(args, summary)
     return EXIT_OK
@@ -143,6 +146,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             shard_batches=args.shard_batches,
             dtype=args.dtype,
             manifest_version=args.manifest_version,
+            prefixes=args.prefixes,
         )
     _print_summary(args, summary)
     return EXIT_OK
@@ -154,6 +158,13 @@ def _check_manifest_version(args: argparse.Namespace) -> None:
         raise UsageError(
             "--manifest-version applies to datasets: pass --shard-size N (a single LLMBATCH "
             "file has no manifest)"
+        )
+    if args.prefixes > MAX_PREFIXES:
+        raise UsageError(f"--shard-prefixes {args.prefixes}: at most {MAX_PREFIXES:,}")
+    if args.prefixes != 1 and args.manifest_version != 2:
+        raise UsageError(
+            "--shard-prefixes needs --manifest-version 2 (a version 1 manifest records no key "
+            "prefixes)"
         )
 
 
@@ -274,6 +285,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         "naming the input file of every record range (default: one file)",
     )
     add_manifest_version(p)
+    add_shard_prefixes(p)
 
 
 def register(sub: Any) -> None:

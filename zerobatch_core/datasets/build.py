@@ -48,6 +48,7 @@ from zerobatch_spec.dataset import (
     MANIFEST_VERSION,
     MANIFEST_VERSION_INDEXED,
     MANIFEST_VERSIONS,
+    MAX_PREFIXES,
     SHARD_NAME_FORMAT,
     IndexRef,
     Manifest,
@@ -58,6 +59,7 @@ from zerobatch_spec.dataset import (
     header_xxh3,
     is_shard_name,
     parse_manifest,
+    shard_file_name,
     shard_seed,
 )
 from zerobatch_spec.index import (
@@ -87,8 +89,9 @@ from .replace import StagedReplacement, check_replaceable, refuse_aside, remove_
 SHARD_PATTERN = SHARD_NAME_FORMAT
 """File names of the shards ``write_sharded_dataset`` writes (``SPEC.md`` section 12)."""
 
-SHARD_NAME = re.compile(r"\Ashard-[0-9]{5,}\.batch\Z")
-"""Matches every name ``SHARD_PATTERN`` gives (shard 100000 on has more digits)."""
+SHARD_NAME = re.compile(r"\A(?:[0-9a-f]{1,4}-)?shard-[0-9]{5,}\.batch\Z")
+"""Matches every name ``SHARD_PATTERN`` gives (shard 100000 on has more digits), behind a key
+prefix or not (``shard_file_name``)."""
 
 PathLike = str | os.PathLike[str]
 SourcesArg = Sequence[Source] | Callable[[], Sequence[Source]]
@@ -125,6 +128,7 @@ def commit_manifest(
     *,
     dtype: int = DTYPE_UINT32,
     manifest_version: int = MANIFEST_VERSION,
+    prefixes: int = 1,
 ) -> Manifest:
     """Write the checksums, then (version 2) the shard index, then the manifest (last): the
     dataset exists from that moment.
@@ -132,10 +136,12 @@ def commit_manifest(
     ``shards`` and their slot ``checksums`` in dataset order, every shard's tokens of dtype
     code ``dtype``; every source's record range must lie within the shards' input records.
     ``manifest_version`` 2 describes the shards in ``shards.zbi`` (``SPEC.md`` section 23)
-    instead of the manifest; the manifest returned lists them either way.
+    instead of the manifest; the manifest returned lists them either way. ``prefixes``
+    (version 2) records that shard ``i`` is named ``shard_file_name(i, prefixes)``.
     """
     if manifest_version not in MANIFEST_VERSIONS:
         raise WriteError(f"{directory}: manifest_version must be 1 or 2, got {manifest_version!r}")
+    prefixes = check_prefixes(directory, prefixes, manifest_version)
     total = sum(s.total_records for s in shards)
     for source in sources:
         first, last = source.records
@@ -157,7 +163,13 @@ def commit_manifest(
     )
     if manifest_version == MANIFEST_VERSION_INDEXED:
         index = build_index(
-            shards, data, batch_size=batch_size, seq_len=seq_len, dtype=dtype, seed=seed
+            shards,
+            data,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            dtype=dtype,
+            seed=seed,
+            prefixes=prefixes,
         )
         write_bytes_atomic(os.path.join(directory, INDEX_NAME), index, overwrite=True)
         top = parse_top(index, len(index))
@@ -168,11 +180,24 @@ def commit_manifest(
             index=IndexRef(INDEX_NAME, len(index), top.xxh3),
             shard_count=len(shards),
             declared_batches=sum(s.num_batches for s in shards),
+            prefixes=prefixes,
         )
     write_bytes_atomic(
         os.path.join(directory, MANIFEST_NAME), build_manifest(manifest), overwrite=overwrite
     )
     return manifest
+
+
+def check_prefixes(directory: PathLike, prefixes: object, manifest_version: int) -> int:
+    """``prefixes`` as an int, checked: 1 to ``MAX_PREFIXES``, and above 1 only for a version
+    2 manifest (a version 1 manifest lists names and records no prefixes)."""
+    count = int_arg("prefixes", prefixes, 1, MAX_PREFIXES, WriteError)
+    if count > 1 and manifest_version != MANIFEST_VERSION_INDEXED:
+        raise WriteError(
+            f"{os.fspath(directory)}: prefixes={count} needs manifest_version=2 (a version 1 "
+            "manifest records no key prefixes)"
+        )
+    return count
 
 
 def _check_directory(directory: str | os.PathLike[str], overwrite: bool) -> str:
@@ -500,6 +525,7 @@ def write_sharded_dataset(
     inputs: Iterable[PathLike] = (),
     dtype: DtypeArg = "uint32",
     manifest_version: int = MANIFEST_VERSION,
+    prefixes: int = 1,
 ) -> Manifest:
     """Write a record stream as a dataset of shards of ``shard_batches`` batches each.
 
@@ -524,6 +550,11 @@ def write_sharded_dataset(
     the result is always byte for byte the dataset that the chosen dtype, given up front,
     would have written.
 
+    ``prefixes`` above 1 (with ``manifest_version=2``) spreads the shards' names over that
+    many key prefixes, recorded in the manifest: shard ``i`` is ``shard_file_name(i,
+    prefixes)`` (``3-shard-00003.batch`` of 16), so that a job reading the dataset from an
+    object store divides its request rate among them (stores limit requests per prefix).
+
     Replacing a dataset (``overwrite``, a directory with a manifest) is atomic: the new
     dataset is written whole into a staging directory beside the old one
     (``.NAME.zerobatch-new-RAND``, same parent, hence same file system), fsynced, and the two
@@ -544,6 +575,7 @@ def write_sharded_dataset(
     shard_batches = int_arg("shard_batches", shard_batches, 1, U32_MAX // batch_size, WriteError)
     seed = int_arg("seed", seed, 0, U32_MAX, WriteError)
     code = token_dtype_code(dtype, auto=True)
+    prefixes = check_prefixes(directory, prefixes, manifest_version)
     path = check_dataset_output(directory, overwrite=overwrite, inputs=inputs)
     remove_stale_staging(path)
     os.makedirs(path, exist_ok=True)
@@ -562,7 +594,7 @@ def write_sharded_dataset(
     with swept_once(out):  # stale temporaries removed once, not at each shard's write
         try:
             while not cutter.empty():
-                name = SHARD_PATTERN.format(len(shards))
+                name = shard_file_name(len(shards), prefixes)
                 target = os.path.join(out, name)
                 written = _Counted(cutter.run(per_shard))
                 write_batch_dataset(
@@ -603,6 +635,7 @@ def write_sharded_dataset(
                     False,
                     dtype=chosen,
                     manifest_version=manifest_version,
+                    prefixes=prefixes,
                 )
                 stage.commit()
                 return manifest
@@ -617,6 +650,7 @@ def write_sharded_dataset(
                 overwrite,
                 dtype=chosen,
                 manifest_version=manifest_version,
+                prefixes=prefixes,
             )
         except BaseException:
             if stage is not None:
@@ -667,6 +701,7 @@ __all__ = [
     "SHARD_NAME_RULE",
     "SHARD_PATTERN",
     "check_dataset_output",
+    "check_prefixes",
     "commit_manifest",
     "create_dataset",
     "dataset_shard_names",

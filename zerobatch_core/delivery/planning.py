@@ -39,6 +39,7 @@ from zerobatch_spec.dataset import (
     Manifest,
     Shard,
     build_manifest,
+    key_prefix,
     parse_manifest,
 )
 from zerobatch_spec.index import IndexTop, build_index, iter_shards, parse_top
@@ -126,6 +127,7 @@ class ModelStore(Store):
                 dtype=manifest.dtype,
                 seed=manifest.seed,
                 range_digests=[self._range_digest(n) for n in counts],
+                prefixes=manifest.prefixes,
             )
             top = parse_top(index, len(index))
             assert isinstance(top, IndexTop)
@@ -346,6 +348,10 @@ class Plan:
     steps: int
     prefixes: tuple[str, ...]
     warnings: tuple[str, ...]
+    busiest_share: float = 1.0
+    """The largest share of the dataset's slots under one key prefix (``1 / P`` for equal
+    shards over ``P`` prefixes; 1 without prefixes): the share of the job's shard reads that
+    prefix takes over an epoch."""
 
     @property
     def job_ranks(self) -> int:
@@ -364,6 +370,15 @@ class Plan:
     def job_rate(self) -> float:
         """GET requests a second of the whole job in steady state."""
         return self.job_ranks * self.step_requests / self.step_seconds
+
+    @property
+    def prefix_rate(self) -> float:
+        """GET requests a second on the busiest key prefix in steady state: its share of the
+        shard reads, plus every read of the dataset's own metadata (at its root)."""
+        shards = self.steady.requests["shards"] / max(1, self.steps)
+        other = self.step_requests - shards
+        per_rank = shards * (self.busiest_share if self.prefixes else 0.0) + other
+        return self.job_ranks * per_rank / self.step_seconds
 
     def as_dict(self) -> dict[str, Any]:
         def kinds(c: Counts, per: float = 1.0) -> dict[str, dict[str, float]]:
@@ -400,7 +415,7 @@ class Plan:
                 "requests_per_second": self.job_rate,
                 "bytes_per_second": self.job_ranks * self.step_bytes / self.step_seconds,
                 "key_prefixes": list(self.prefixes),
-                "requests_per_second_per_prefix": self.job_rate / max(1, len(self.prefixes)),
+                "requests_per_second_busiest_prefix": self.prefix_rate,
             },
             "warnings": list(self.warnings),
         }
@@ -446,7 +461,11 @@ def plan(
         startup, steady = _worst(startup, found.startup), _worst(steady, found.steady)
         done = min(done, found.steps)
     root = url.rstrip("/") + "/"
-    prefixes = (root,) if steady.keys or startup.keys else ()
+    used = steady.keys or startup.keys
+    if manifest.prefixes > 1:
+        prefixes = tuple(sorted({root + key_prefix(s.name, manifest.prefixes) for s in shards}))
+    else:
+        prefixes = (root,) if used else ()
     result = Plan(
         url,
         ranks,
@@ -461,8 +480,20 @@ def plan(
         done,
         prefixes,
         (),
+        _busiest_share(shards, manifest.prefixes),
     )
     return replace(result, warnings=tuple(_warnings(result)))
+
+
+def _busiest_share(shards: Sequence[Shard], prefixes: int) -> float:
+    """The largest fraction of the slots of ``shards`` under one of ``prefixes`` prefixes."""
+    total = sum(s.num_batches for s in shards)
+    if prefixes <= 1 or not total:
+        return 1.0
+    per: Counter[str] = Counter()
+    for s in shards:
+        per[key_prefix(s.name, prefixes)] += s.num_batches
+    return max(per.values()) / total
 
 
 def _warnings(p: Plan) -> list[str]:
@@ -479,13 +510,20 @@ def _warnings(p: Plan) -> list[str]:
     limit = LIMITS.get(scheme)
     if limit is not None:
         where, rate = limit
-        per_prefix = p.job_rate / max(1, len(p.prefixes))
+        per_prefix = p.prefix_rate
         if per_prefix > rate:
+            spread = (
+                f"; spreading the shards over more key prefixes (--shard-prefixes, now "
+                f"{len(p.prefixes)}) divides it"
+                if p.version == 2
+                else "; a version 2 dataset can spread its shards over key prefixes "
+                "(--manifest-version 2 --shard-prefixes P)"
+            )
             out.append(
                 f"the job's {per_prefix:,.0f} GET/s on one key prefix crosses the documented "
                 f"{rate:,} GET/s {where}: expect throttling (503 Slow Down) until the store "
                 "scales; fewer, larger requests per step (whole stored batches per rank) or a "
-                "longer step lower it"
+                f"longer step lower it{spread}"
             )
         burst = n * p.startup.total_requests
         if burst > rate:

@@ -397,6 +397,7 @@ def convert(
     shard_batches: int | None = None,
     dtype: str = "auto",
     manifest_version: int = MANIFEST_VERSION,
+    prefixes: int = 1,
     **source_options: Any,
 ) -> ConvertSummary:
     """Convert ``sources`` to the LLMBATCH file ``output``; see ``open_source`` for options.
@@ -414,7 +415,8 @@ def convert(
     With ``shard_batches`` the output is a dataset directory of shards of that many batches
     (see the module docstring; ``datasets.build.check_dataset_output`` says what is refused),
     described by a manifest of ``manifest_version`` (2: with a shard index, ``SPEC.md``
-    section 23).
+    section 23), the shards' names spread over ``prefixes`` key prefixes (version 2 only:
+    ``write_sharded_dataset``).
     """
     t = int_arg("seq_len", seq_len, 1, U32_MAX, IngestError)
     b = int_arg("batch_size", batch_size, 1, U32_MAX, WriteError)
@@ -437,6 +439,12 @@ def convert(
             source_options,
             plan,
             manifest_version,
+            prefixes,
+        )
+    if prefixes != 1:
+        raise WriteError(
+            f"{os.fspath(output)}: prefixes={prefixes!r} applies to datasets (pass "
+            "shard_batches): a single LLMBATCH file has no shard names to spread"
         )
     check_output(output, overwrite=overwrite, inputs=source_files(src))
     total = src.num_records
@@ -616,6 +624,7 @@ def _convert_sharded(
     options: dict[str, Any],
     plan: DtypePlan,
     manifest_version: int = MANIFEST_VERSION,
+    prefixes: int = 1,
 ) -> ConvertSummary:
     """``convert`` into a dataset directory of shards of ``shard_batches`` batches."""
     inputs = source_files(src)
@@ -639,6 +648,7 @@ def _convert_sharded(
         inputs=inputs,
         dtype="auto" if plan.code is None else plan.code,
         manifest_version=manifest_version,
+        prefixes=prefixes,
     )
     seconds = time.perf_counter() - counted.start
     kept = manifest.num_batches * b
