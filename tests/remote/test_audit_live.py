@@ -6,8 +6,9 @@ entry count, and a reader MUST NOT serve a global batch that no version it read 
 version whose reference disagrees with its segment (a producer bug, a store that rewrote the
 object, a crafted version) is refused with ``LiveError`` naming the segment, by a consumer that
 opens on it and by one that follows it from an earlier version, and no batch is served from
-it. README ("Consumers"): a read past the committed end waits for new versions up to
-``timeout`` seconds, then raises ``LiveTimeoutError``; a timeout of 0 does not wait.
+it; a segment rewritten under a valid version is refused when its batches are read. README
+("Consumers"): a read past the committed end waits for new versions up to ``timeout``
+seconds, then raises ``LiveTimeoutError``; a timeout of 0 does not wait.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from zerobatch_spec.live import (
     Entry,
     LiveManifest,
     Segment,
+    SegmentRef,
     build_live_manifest,
     build_segment,
     manifest_name,
@@ -103,6 +105,23 @@ def _refuses(path: str, ref_name: str, early: LiveSource, why: str) -> None:
     early.close()
 
 
+def _refuses_when_read(path: str, ref: SegmentRef, early: LiveSource, why: str) -> None:
+    """A consumer reads a sealed segment the first time it needs one of its batches, and
+    checks it then: a fresh consumer and one opened earlier serve the batches before it, and
+    raise ``LiveError`` naming the segment and ``why`` (never a timeout) for each of its
+    batches, every try."""
+    for source in (LiveSource(path), early):
+        source.timeout = 0.5
+        for g in range(ref.first):
+            assert identify(source.read_batch(g)) == (0, g)
+        for _ in range(2):
+            for g in range(ref.first, ref.end):
+                with pytest.raises(LiveError, match=f"{ref.name}.*{why}") as caught:
+                    source.read_batch(g)
+                assert not isinstance(caught.value, LiveTimeoutError)
+        source.close()
+
+
 # Sizes 1, 1 then 2, 1, 1, 1: the first segment (batches 0-1) is sealed while the early consumer
 # is open at committed = 2; the bad one is the second (batches 2-4: entries of 2 and 1 batches).
 FIRST, SECOND = [1, 1], [2, 1, 1, 1]
@@ -133,7 +152,7 @@ def test_a_segment_whose_bytes_do_not_match_the_reference_digest(
     data = json.loads(build_segment(segment))
     data["note"] = "rewritten"  # still a valid segment of the same entries: other bytes
     open_store(path).write(ref.name, json.dumps(data).encode())
-    _refuses(path, ref.name, early, "xxh3")
+    _refuses_when_read(path, ref, early, "xxh3")
 
 
 @pytest.mark.parametrize("field", ["first", "end", "entries"])

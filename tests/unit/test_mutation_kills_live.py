@@ -472,7 +472,8 @@ def test_opening_lists_once_and_reads_the_newest_version_and_its_predecessor(
 ) -> None:
     """``latest`` costs one listing and two manifest reads (the newest and the one before it)
     plus a probe of the next version; following new versions costs one read each and no
-    listing (``reads`` counts the versions read)."""
+    listing, and so does finding none while the reader's own version is present; without
+    ``probe`` it lists (``reads`` counts the versions read)."""
     path = str(tmp_path / "live")
     _produce(path, [1] * 4)
     store = _Counting(path)
@@ -491,6 +492,8 @@ def test_opening_lists_once_and_reads_the_newest_version_and_its_predecessor(
     assert [m.version for m in got] == [n + 1, n + 2]
     assert store.listings == 1 and chain.reads == 4
     assert chain.follow(got[-1]) == []
+    assert store.listings == 1 and chain.reads == 4
+    assert chain.follow(got[-1], probe=False) == []
     assert store.listings == 2 and chain.reads == 4
 
 
@@ -518,7 +521,7 @@ def test_a_version_committed_between_the_probe_and_the_listing_is_followed(
     chain = _chain(path, store)
     prev = chain.latest()
     store.before_list = lambda: _produce(path, [1, 1], start=2)
-    got = chain.follow(prev)
+    got = chain.follow(prev, probe=False)
     assert [m.version for m in got] == [prev.version + 1, prev.version + 2]
     assert got[-1].batches == 4
 
@@ -532,7 +535,7 @@ def test_a_listed_next_version_that_cannot_be_read_yields_nothing_new(tmp_path: 
     chain = _chain(path, store)
     prev = chain.latest()
     store.phantom = [manifest_name(prev.version + 1)]
-    assert chain.follow(prev) == []
+    assert chain.follow(prev, probe=False) == []
     assert store.listings == 2
 
 
@@ -706,7 +709,8 @@ def test_entries_since_a_batch_skip_what_ends_at_or_before_it(tmp_path: Path) ->
 def test_a_gap_after_the_reader_while_older_versions_remain_is_refused(tmp_path: Path) -> None:
     """Newer versions after a missing ``v + 1`` while older versions are still present are a
     gap in the chain: ``ChainError`` naming the first newer version, the missing one and the
-    oldest present (the reader's own version still present, or reclaimed too)."""
+    oldest present (the reader's own version still present, at a listing, or reclaimed too).
+    A poll that finds the reader's own version present lists nothing and sees nothing new."""
     path = str(tmp_path / "live")
     _produce(path, [1] * 3)
     chain = _chain(path)
@@ -719,8 +723,9 @@ def test_a_gap_after_the_reader_while_older_versions_remain_is_refused(tmp_path:
         "present)"
     )
     assert first < v - 1
+    assert chain.follow(prev) == []
     with pytest.raises(ChainError) as raised:
-        chain.follow(prev)
+        chain.follow(prev, probe=False)
     assert want in str(raised.value) and manifest_name(v + 2) in str(raised.value)
     _drop(path, *(x for x in _versions(path) if first < x <= v))
     with pytest.raises(ChainError) as raised:
@@ -741,7 +746,7 @@ def test_a_gap_right_after_the_oldest_version_is_refused_after_one_listing(
     _drop(path, *(x for x in _versions(path) if x < v or x == v + 1))
     store = _Counting(path)
     with pytest.raises(ChainError) as raised:
-        _chain(path, store).follow(prev)
+        _chain(path, store).follow(prev, probe=False)
     want = (
         f"version {v + 2} follows a gap (version {v + 1} is missing while version {v} is present)"
     )

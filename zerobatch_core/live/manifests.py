@@ -12,6 +12,8 @@ Producers and consumers follow only a *verified* chain of versions (``SPEC.md`` 
 never served from or committed on: ``ChainError`` names its key and the rule it breaks. The
 check costs no extra request while following (each version is read in order anyway); opening
 reads one more version, the predecessor of the newest, and checks the listing has no gap.
+Following lists the versions only when asked to or when the reader's own version is gone
+(``follow``), so an idle reader's poll does not grow with the versions retention keeps.
 """
 
 from __future__ import annotations
@@ -149,18 +151,30 @@ class ManifestChain:
                     out.extend(self.after(found.version, list_on_gap=False))
         return out
 
-    def follow(self, prev: LiveManifest, *, list_on_gap: bool = True) -> list[LiveManifest]:
+    def follow(
+        self, prev: LiveManifest, *, list_on_gap: bool = True, probe: bool = True
+    ) -> list[LiveManifest]:
         """The versions after ``prev`` (a version already accepted) that exist now, in order,
         each checked to follow from the one before it (``ChainError`` at the first that does
         not). Reads ``v + 1``, ``v + 2``, ... until one is missing, so following producers
         costs no request beyond the reads ``after`` makes.
 
-        If ``prev.version + 1`` is missing and ``list_on_gap``, a listing looks for newer
-        versions. Newer versions while ``prev`` or an older version is still present mean a
-        gap in the middle of the chain (``ChainError``). Newer versions with every version up
-        to ``prev.version + 1`` gone mean retention deleted them while this reader was away:
-        the newest is then taken as on a first look (``latest``), and must not hold fewer
-        batches, an earlier ``start`` or a smaller producer offset than ``prev``.
+        If ``prev.version + 1`` is missing and ``list_on_gap``, retention may have deleted it
+        while this reader was away. Versions are created in order and deleted oldest first,
+        so while ``prev`` itself exists ``prev.version + 1`` was never deleted: with ``probe``
+        (the default) one request asks whether ``prev`` exists, and only if it does not are
+        the versions listed. An idle poll thus costs two requests however many versions
+        exist. The price: a version numbered past a gap while ``prev`` is present (written
+        out of turn, never by a producer or retention) is not seen by such a poll; it is
+        never served from, and is refused at the next listing (``probe=False``, which
+        ``LiveSource`` makes from time to time while it waits, and before it times out).
+
+        A listing looks for newer versions. Newer versions while ``prev`` or an older version
+        is still present mean a gap in the middle of the chain (``ChainError``). Newer
+        versions with every version up to ``prev.version + 1`` gone mean retention deleted
+        them while this reader was away: the newest is then taken as on a first look
+        (``latest``), and must not hold fewer batches, an earlier ``start`` or a smaller
+        producer offset than ``prev``.
         """
         out: list[LiveManifest] = []
         last = prev
@@ -170,6 +184,8 @@ class ManifestChain:
             last = found
         if out or not list_on_gap:
             return out
+        if probe and self.store.exists(manifest_name(prev.version)):
+            return []
         versions = self.versions()
         newer = [v for v in versions if v > prev.version]
         if not newer:
