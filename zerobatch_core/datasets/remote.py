@@ -540,10 +540,14 @@ class RemoteSource(Closing):
             part if part is not None else fetched[r] for r, part in zip(ranges, found, strict=True)
         ]
 
+    def _entry(self, n: int) -> BatchObject:
+        """What the metadata says of object ``n`` (for a version 2 dataset, from its page of
+        the index, read and checked first if need be)."""
+        return self._objects[n] if self.table is None else self._indexed_object(n)
+
     def _object(self, n: int) -> BatchObject:
-        """Object ``n``, checked against the manifest at its first use (rules 7-10; for a
-        version 2 dataset its page of the index first)."""
-        entry = self._objects[n] if self.table is None else self._indexed_object(n)
+        """Object ``n``, checked against its entry at its first use (rules 7-10)."""
+        entry = self._entry(n)
         if n in self._checked:
             return entry
         with self._lock:

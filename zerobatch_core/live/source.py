@@ -322,18 +322,10 @@ class LiveSource(RemoteSource):
         found = self._find(index)
         return found.first, index - found.first
 
-    def _object(self, n: int) -> BatchObject:
-        """The object whose first global batch is ``n``, checked against its entry at its
-        first use (``SPEC.md`` section 18.2)."""
-        entry = self._find(n)
-        if n in self._checked:
-            return entry
-        with self._lock:
-            once = self._object_locks.setdefault(n, threading.Lock())
-        with once:  # concurrent fetches of a new object check it once
-            if n not in self._checked:
-                self._check_object(n, entry)
-        return entry
+    def _entry(self, n: int) -> BatchObject:
+        """The entry of the object whose first global batch is ``n`` (checked against it at
+        its first use, ``SPEC.md`` section 18.2), its segment read if need be."""
+        return self._find(n)
 
     def validate(self, *, deep: bool = False) -> list[str]:
         """Every failure of the objects the newest version read lists, as messages (each
