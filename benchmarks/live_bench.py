@@ -22,7 +22,9 @@ it) and visibility latency P50/P95 (a batch's append to the commit that made it 
 and the consumer's MB/s. Then (``--startup`` alone, or ``--startup-marks`` after a scale
 run) one producer fills a fresh dataset and, at 1,000, 5,000 and 10,000 committed batches, a
 fresh consumer process opens it and reads its first batch: time, store requests and bytes
-(the store's own counters). The BatchWeave paper's comparable figures are printed beside.
+(the store's own counters), then times its idle poll (``refresh`` finding nothing new) and a
+poll that lists the versions, and a second fresh consumer reads the last committed batch.
+The BatchWeave paper's comparable figures are printed beside.
 
 Policies: ``adaptive`` (DAC, default budgets: conflicts 10%, manifest I/O 25%) and ``k``
 (commit every ``k`` appends). ``adaptive-unsealed`` is DAC on a manifest that is never sealed
@@ -38,6 +40,7 @@ seconds is stopped and reported as far as it got.
     python benchmarks/live_bench.py --retention    # storage with checkpoints every 10 steps
     python benchmarks/live_bench.py --scale 2,4,8,16 --time-limit 600   # DAC by producer count
     python benchmarks/live_bench.py --startup      # a fresh consumer at 1,000 / 5,000 / 10,000
+    python benchmarks/live_bench.py --startup --startup-cadence 2 --startup-marks 2000,6000
 
 The 1-minute load average is printed at the start and the end (2 shared cores; the server,
 the producers and the consumer all run on them).
@@ -125,6 +128,9 @@ def _logged(cadence: Any, out: Any) -> Any:
 
         def start(self, window: float, writers: list[str], now: float) -> None:
             inner.start(window, writers, now)
+
+        def contenders(self, producers: list[str], now: float) -> None:
+            inner.contenders(producers, now)
 
         def observe(self, window: float, conflicted: bool, writers: list[str], now: float) -> None:
             inner.observe(window, conflicted, writers, now)
@@ -335,11 +341,38 @@ def _phases(logs: list[str]) -> dict[str, Any]:
 
 def startup_probe(url: str, log: str) -> None:
     """A fresh consumer process: open the live dataset and read its first global batch,
-    timing each step and counting the store requests and bytes it took."""
+    timing each step and counting the store requests and bytes it took; then the idle poll
+    (``refresh`` finding nothing new: ``POLLS`` of them, the median time and the requests of
+    one), the poll with a listing of the versions (what every idle poll cost before polls
+    stopped listing), and a second fresh consumer that reads the last committed batch (a
+    resume deep into the dataset). Requests are the store's counters (requests answered "not
+    found" left out), except the polls', which count every request."""
     from zerobatch_core.live.source import LiveSource
     from zerobatch_core.stores.resolve import open_store
 
+    def counted(store: Any) -> list[int]:
+        calls = [0]
+        for name in ("_read", "_read_ranges", "_read_head", "_size", "_list"):
+            inner = getattr(store, name)
+
+            def call(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+                calls[0] += 1
+                return _inner(*args, **kwargs)
+
+            setattr(store, name, call)
+        return calls
+
+    def polls(source: Any, calls: list[int], n: int, listing: bool) -> tuple[float, float]:
+        times = []
+        before = calls[0]
+        for _ in range(n):
+            t = time.perf_counter()
+            source.refresh(listing=listing)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times), (calls[0] - before) / n
+
     store = open_store(url)
+    calls = counted(store)
     t0 = time.perf_counter()
     source = LiveSource(store, timeout=30)
     t1 = time.perf_counter()
@@ -348,6 +381,14 @@ def startup_probe(url: str, log: str) -> None:
     t2 = time.perf_counter()
     first = store.stats.snapshot()
     manifest = source.current
+    poll_s, poll_requests = polls(source, calls, POLLS, False)
+    list_poll_s, list_poll_requests = polls(source, calls, 3, True)
+    source.close()
+    deep_store = open_store(url)
+    t3 = time.perf_counter()
+    with LiveSource(deep_store, timeout=30) as deep:
+        deep.read_batch(deep.committed - 1)
+    deep_s = time.perf_counter() - t3
     line = {
         "committed": source.committed,
         "version": manifest.version,
@@ -359,16 +400,29 @@ def startup_probe(url: str, log: str) -> None:
         "first_batch_s": t2 - t0,
         "first_batch_requests": first["requests"],
         "first_batch_bytes": first["bytes_read"],
+        "poll_s": poll_s,
+        "poll_requests": poll_requests,
+        "list_poll_s": list_poll_s,
+        "list_poll_requests": list_poll_requests,
+        "deep_batch_s": deep_s,
+        "deep_batch_requests": deep_store.stats.snapshot()["requests"],
+        "deep_batch_bytes": deep_store.stats.snapshot()["bytes_read"],
     }
-    source.close()
     with open(log, "w") as out:
         out.write(json.dumps(line) + "\n")
 
 
-def startup(server: Any, marks: list[int], work: Path) -> list[dict[str, Any]]:
-    """One producer fills a fresh live dataset (adaptive cadence, ``[8, 512]`` batches, one
-    object each, segments of 256 entries); at each mark a fresh consumer process opens it and
-    reads its first batch (``startup_probe``), with nothing else running."""
+POLLS = 20
+"""Idle polls a startup probe times."""
+
+
+def startup(
+    server: Any, marks: list[int], work: Path, cadence: Any = "adaptive"
+) -> list[dict[str, Any]]:
+    """One producer fills a fresh live dataset (``cadence``: adaptive, or a commit every
+    ``k`` appends; ``[8, 512]`` batches, one object each, segments of 256 entries); at each
+    mark a fresh consumer process opens it and reads its first batch (``startup_probe``),
+    with nothing else running."""
     import numpy as np
 
     from zerobatch_core.live.producer import LiveProducer
@@ -377,7 +431,7 @@ def startup(server: Any, marks: list[int], work: Path) -> list[dict[str, Any]]:
     server.create_bucket(bucket)
     url = f"s3://{bucket}/live"
     out = []
-    with LiveProducer(url, "p-0", batch_size=B, seq_len=T, segment_size=256) as p:
+    with LiveProducer(url, "p-0", batch_size=B, seq_len=T, segment_size=256, cadence=cadence) as p:
         for mark in marks:
             for i in range(p.offset, mark):
                 row = np.arange(T, dtype=np.uint32) + np.uint32(i)
@@ -401,10 +455,16 @@ PAPER = [
 
 
 def scale(
-    server: Any, counts: list[int], batches: int, limit: float, marks: list[int], work: Path
+    server: Any,
+    counts: list[int],
+    batches: int,
+    limit: float,
+    marks: list[int],
+    work: Path,
+    startup_cadence: Any = "adaptive",
 ) -> dict[str, Any]:
     """The adaptive cadence for each producer count to ``batches``, then consumer startup at
-    each mark of committed batches."""
+    each mark of committed batches (the filling producer's cadence: ``startup_cadence``)."""
     runs = []
     for n in counts:
         r = run_policy(server.endpoint, server, "adaptive", n, batches, limit, work)
@@ -412,7 +472,7 @@ def scale(
         r["load"] = os.getloadavg()[0]
         runs.append(r)
         _print(r)
-    starts = startup(server, marks, work) if marks else []
+    starts = startup(server, marks, work, startup_cadence) if marks else []
     _print_scale(runs, starts)
     return {"scale": runs, "startup": starts, "paper": PAPER}
 
@@ -450,14 +510,18 @@ def _print_scale(runs: list[dict[str, Any]], starts: list[dict[str, Any]]) -> No
     if starts:
         print(
             "\nfresh consumer: committed  version  segments  tail  open ms  requests  bytes  "
-            "first batch ms  requests  bytes"
+            "first batch ms  requests  bytes  | idle poll ms  requests  listing poll ms  "
+            "requests  | last batch ms  requests  bytes"
         )
         for s in starts:
             print(
                 f"{s['committed']:26d}  {s['version']:7d}  {s['segments']:8d}  {s['tail']:4d}  "
                 f"{s['open_s'] * 1e3:7.0f}  {s['open_requests']:8d}  {s['open_bytes']:5d}  "
                 f"{s['first_batch_s'] * 1e3:14.0f}  {s['first_batch_requests']:8d}  "
-                f"{s['first_batch_bytes']:5d}"
+                f"{s['first_batch_bytes']:5d}  | {s['poll_s'] * 1e3:12.1f}  "
+                f"{s['poll_requests']:8.1f}  {s['list_poll_s'] * 1e3:15.1f}  "
+                f"{s['list_poll_requests']:8.1f}  | {s['deep_batch_s'] * 1e3:13.0f}  "
+                f"{s['deep_batch_requests']:8d}  {s['deep_batch_bytes']:5d}"
             )
     print()
     for line in PAPER:
@@ -526,7 +590,17 @@ def main(argv: list[str] | None = None) -> int:
         help="producer counts (e.g. 2,4,8,16): the adaptive cadence for each, then startup",
     )
     parser.add_argument("--startup", action="store_true", help="consumer startup alone")
-    parser.add_argument("--startup-marks", default="1000,5000,10000")
+    parser.add_argument(
+        "--startup-marks",
+        default="1000,5000,10000",
+        help="committed batches at which a fresh consumer starts (default 1000,5000,10000)",
+    )
+    parser.add_argument(
+        "--startup-cadence",
+        default="adaptive",
+        help="the filling producer's cadence for --startup: adaptive, or k to commit every k "
+        "appends (more versions; default adaptive)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.worker:
@@ -556,7 +630,11 @@ def main(argv: list[str] | None = None) -> int:
             elif args.scale or args.startup:
                 counts = [int(n) for n in args.scale.split(",")] if args.scale else []
                 marks = [int(m) for m in args.startup_marks.split(",") if m]
-                results.update(scale(server, counts, args.batches, args.time_limit, marks, work))
+                cadence = args.startup_cadence
+                cadence = cadence if cadence == "adaptive" else int(cadence)
+                results.update(
+                    scale(server, counts, args.batches, args.time_limit, marks, work, cadence)
+                )
             else:
                 for policy in args.policies.split(","):
                     r = run_policy(

@@ -3,17 +3,19 @@
 A deterministic discrete-event simulation drives real ``AdaptiveCadence`` objects the way
 ``LiveProducer`` does: a producer opens the dataset (``start``: the read's time and the
 producers of the newest version's entries), appends one object every so often, attempts a
-commit when ``due`` says so, and reports each attempt (``observe``: its fragile window, whether
-it conflicted, the writers of the versions it read); closing waits ``delay`` and then retries
-lost races after ``min(0.5 s, gap)`` until the rest is committed. An attempt conflicts when
+commit when ``due`` says so (on a young dataset, once it has told the cadence which other
+producers have uncommitted objects in the store: ``contenders``), and reports each attempt
+(``observe``: its fragile window, whether it conflicted, the writers of the versions it
+read); closing waits ``delay`` and then retries lost races after ``min(0.5 s, gap)`` until
+the rest is committed. An attempt conflicts when
 another producer's version is created inside its fragile window, the whole window counting as
 fragile (the model's own assumption). The window grows with the committed batches, as a
 manifest does, and producers join and leave during the run.
 
 The conflict rate is measured per span of committed batches, as ``benchmarks/live_bench.py``
-measures it, once every producer present has committed (before that, producers that start
-together cannot know of each other: ``cadence.py`` names that transient), and over the
-attempts made while closing.
+measures it, once every producer present has committed, over the attempts made while closing,
+and over every attempt of producers that start together on a fresh dataset (the cold start,
+before they have read each other's versions, included).
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from zerobatch_spec.live import manifest_name
 
 from zerobatch_core.live import producer as producer_module
 from zerobatch_core.live.cadence import AdaptiveCadence, Cadence
-from zerobatch_core.live.producer import LiveProducer
+from zerobatch_core.live.producer import CONTENDERS_LISTED_BELOW, LiveProducer
 
 Window = Callable[[float, int], float]
 """The fragile window (seconds) of an attempt starting at a time with so many batches
@@ -86,9 +89,12 @@ def simulate(
     append_every: float,
     seed: int,
     budget: float = 0.1,
+    young: int = CONTENDERS_LISTED_BELOW,
 ) -> Run:
     """Producers ``k`` opening at ``schedule[k][0]`` and appending ``schedule[k][1]`` objects
-    of one batch each, one every ``append_every`` seconds on average, then closing."""
+    of one batch each, one every ``append_every`` seconds on average, then closing; while
+    fewer than ``young`` batches are committed, each attempt is preceded by a listing of the
+    store (0: never, as a cadence that ignored ``contenders`` would run)."""
     rng = random.Random(seed)
     run = Run()
     versions: list[tuple[float, str]] = []  # (created at, writer)
@@ -142,6 +148,10 @@ def simulate(
         elif kind == "append":
             p.appended += 1
             p.pending += 1
+            if p.cadence.due(p.pending, t) and run.committed < young:
+                # The producer lists the store: the others with objects no version holds yet.
+                pending = [f"p{j}" for j, q in enumerate(producers) if j != k and q.pending]
+                p.cadence.contenders(pending, t)
             if p.cadence.due(p.pending, t):
                 begin(k, t)
             elif p.appended < p.count:
@@ -215,7 +225,7 @@ def test_steady_producers_meet_the_budget_as_the_window_grows() -> None:
     spans = [
         [a for b in cut for a in b] for cut in zip(*(buckets(r, 2000) for r in runs), strict=True)
     ]
-    assert len(spans) == 6 and all(len(span) >= 40 for span in spans)
+    assert len(spans) == 6 and all(len(span) >= 20 for span in spans)
     assert all(within_budget(span) for span in spans), [conflicts(span) for span in spans]
     closing = [a for r in runs for a in r.attempts if a.closing]
     assert within_budget(closing), conflicts(closing)
@@ -334,3 +344,121 @@ def test_the_window_estimate_follows_growth_and_the_producer_counts_itself() -> 
     assert lost.gap == pytest.approx(0.1 / -math.log1p(-0.1) - 0.1)
     assert lost.delay(0.25) == pytest.approx(lost.gap - 0.25)
     assert lost.delay(100.0) == 0.0
+
+
+@pytest.mark.parametrize("count", [8, 16])
+def test_producers_starting_together_meet_the_budget_from_the_start(count: int) -> None:
+    """Producers that open a fresh dataset within a second of each other: every attempt of
+    the first fifth of the run (the cold start included) and of the whole run stays within
+    the budget."""
+    schedule = [(0.1 * k, 8000 // count) for k in range(count)]
+    runs = [simulate(schedule, growing, append_every=count / 150, seed=s) for s in SEEDS]
+    first = [a for r in runs for a in r.attempts if a.committed <= r.committed // 5]
+    every = [a for r in runs for a in r.attempts]
+    assert within_budget(first), (len(first), conflicts(first))
+    assert within_budget(every), (len(every), conflicts(every))
+
+
+def test_contenders_widen_the_gap_to_a_phase_drawn_across_it() -> None:
+    """Producers seen preparing commits count in ``N`` as writers do; when they widen the
+    gap, the next attempt is put off to a time drawn uniformly across the new gap (not
+    bunched near its end, where producers that learnt together would meet again); producers
+    already counted change nothing."""
+    phases = []
+    for seed in range(400):
+        cadence = AdaptiveCadence(last_attempt=0.0, _random=random.Random(seed))
+        cadence.start(0.1, [], 0.0)
+        assert cadence.producers == 1 and cadence.gap < 0.1 / 0.25
+        cadence.contenders([f"p-{k}" for k in range(15)], 2.0)
+        assert cadence.producers == 16 and cadence.last_attempt == 2.0
+        full = 15 * 0.1 / -math.log1p(-0.1) - 0.1
+        assert cadence.optimal_gap() == pytest.approx(full)
+        assert 0 <= cadence.gap <= full
+        phases.append(cadence.gap / full)
+        drawn = cadence.gap
+        cadence.contenders(["p-3", "p-7"], 3.0)
+        assert (cadence.gap, cadence.last_attempt, cadence.producers) == (drawn, 2.0, 16)
+    # Uniform on [0, 1]: mean 1/2, a quarter in each quarter (+- 5 binomial sd of 400).
+    assert abs(sum(phases) / len(phases) - 0.5) < 0.05
+    quarters = [sum(q / 4 <= x < (q + 1) / 4 for x in phases) for q in range(4)]
+    assert all(abs(n - 100) < 5 * math.sqrt(400 * 0.25 * 0.75) for n in quarters), quarters
+
+
+def test_a_producer_lists_the_producers_preparing_commits_on_a_young_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before an attempt on a young dataset, a producer tells the cadence which other
+    producers have batch objects beyond their committed offset (not itself, not one whose
+    objects are all committed), and attempts only if the cadence still says so; on a
+    dataset past ``CONTENDERS_LISTED_BELOW`` entries it lists nothing."""
+
+    class Never(Cadence):
+        def due(self, pending: int, now: float) -> bool:
+            return False
+
+    class Listening(Cadence):
+        """Due, unless the contenders it has just heard of put the attempt off."""
+
+        uses_contenders = True
+
+        def __init__(self) -> None:
+            self.heard: list[list[str]] = []
+            self.put_off = False
+
+        def due(self, pending: int, now: float) -> bool:
+            put_off, self.put_off = self.put_off, False
+            return not put_off
+
+        def contenders(self, producers: list[str], now: float) -> None:
+            self.heard.append(sorted(producers))
+            self.put_off = bool(producers)
+
+    path = str(tmp_path / "live")
+    batch = np.zeros((1, 2, 3), dtype=np.uint32)
+    with LiveProducer(path, "p-0", batch_size=2, seq_len=3, cadence=1) as p0:
+        p0.append(batch)
+    p1 = LiveProducer(path, "p-1", cadence=Never())
+    p1.append(batch)
+    p1.append(batch)
+    listening = Listening()
+    p2 = LiveProducer(path, "p-2", cadence=listening)
+    p2.append(batch)
+    assert listening.heard == [["p-1"]] and p2.pending == 1  # the attempt was put off
+    p1.close()
+    assert p2.commit() and p2.committed == 1  # an explicit commit lists nothing
+    assert listening.heard == [["p-1"]]
+    p2.append(batch)  # on a base that holds every object of p-1's
+    assert listening.heard == [["p-1"], []] and p2.pending == 0 and p2.committed == 2
+    monkeypatch.setattr(producer_module, "CONTENDERS_LISTED_BELOW", 2)
+    p2.append(batch)
+    assert len(listening.heard) == 2 and p2.committed == 3
+    p2.close()
+
+
+def test_segments_are_written_before_the_fragile_window_opens(tmp_path: Path) -> None:
+    """A commit that seals a segment writes it, then reads the next version again: the read
+    that finds none (where the fragile window opens) comes after the segment's write, and
+    nothing but the version's create follows it."""
+    batch = np.zeros((1, 2, 3), dtype=np.uint32)
+    p = LiveProducer(
+        str(tmp_path / "live"), "p", batch_size=2, seq_len=3, cadence=1, segment_size=2
+    )
+    p.append(batch)
+    p.append(batch)  # versions 1 and 2: two entries in the tail, none sealed
+    events: list[tuple[str, str]] = []
+    for name in ("read", "write", "create"):
+
+        def call(key: str, *args: object, _name: str = name) -> object:
+            events.append((_name, key))
+            return getattr(type(p.store), _name)(p.store, key, *args)
+
+        setattr(p.store, name, call)
+    p.append(batch)  # version 3 seals the first two entries
+    assert p.base.version == 3 and len(p.base.segments) == 1
+    create = events.index(("create", manifest_name(3)))
+    segment = next(i for i, (_, key) in enumerate(events) if key.startswith("segments/"))
+    version = ("read", manifest_name(3))
+    reads = [i for i, e in enumerate(events[:create]) if e == version]  # found none
+    assert events[segment][0] == "write" and len(reads) == 2, events
+    assert reads[0] < segment < reads[1] == create - 1, events
+    p.close()

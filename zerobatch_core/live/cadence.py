@@ -24,26 +24,33 @@ The model holds only if its inputs are those of the next attempt:
 
 * ``W`` is measured from the read that finds no newer version, not from the reads before it
   that catch up with the versions committed since the last attempt (about ``N - 1`` of them:
-  manifest I/O, but no commit landing during them can make this one fail). With the default
-  budgets and more than one producer the conflict bound is the larger, so the overhead bound,
-  which that catching up would belong to, does not decide the gap.
+  manifest I/O, but no commit landing during them can make this one fail), nor from the
+  writes of the segments the commit seals (written before that read, for the same reason).
+  With the default budgets and more than one producer the conflict bound is the larger, so
+  the overhead bound, which that catching up would belong to, does not decide the gap.
 * The gap uses the larger of an exponential moving average of the measured windows and the
   last one measured. Each producer measures ``W`` once per gap, and a growing manifest (or a
-  sealed segment written inside the window) makes the next window longer than the average of
-  the past ones: an average alone lags the growth and the gap comes out too short.
+  commit carrying more entries) makes the next window longer than the average of the past
+  ones: an average alone lags the growth and the gap comes out too short.
 * ``N`` counts the distinct writers of the last manifest versions the producer has seen (read
-  from the versions themselves, no messages), *and the producer itself*: a producer that has
-  only lost races so far is one of the contenders too. A producer that opens a dataset starts
-  from the producers listed in the newest version's unsealed entries and from the time that
-  read took (``start``), so one joining a running dataset does not first attempt as if alone.
+  from the versions themselves, no messages), the producers it has seen preparing commits
+  (below), *and the producer itself*: a producer that has only lost races so far is one of
+  the contenders too. A producer that opens a dataset starts from the producers listed in the
+  newest version's unsealed entries and from the time that read took (``start``), so one
+  joining a running dataset does not first attempt as if alone.
 * Closing a producer commits what is left only once the gap since its last attempt has passed
   (``delay``): producers that finish together would otherwise all attempt at once, outside
   the model, and most of those attempts would conflict.
-
-Producers that start together on a fresh dataset know nothing of each other until their
-first commits land: until each has read a version from every other, ``N`` is underestimated
-and their first attempts conflict more often than the budget (a transient of a few attempts
-per producer).
+* Producers that start together on a fresh dataset find nothing of each other in its
+  versions until their first commits land, yet their batch objects are in the store before
+  that. While the dataset is young, the producer lists them before each attempt and tells
+  the cadence who else has objects no version holds yet (``contenders``); they count in
+  ``N`` as writers do. When that widens the gap, the next attempt is put off to a time drawn
+  uniformly across the new gap: producers that start together learn of each other at about
+  the same time, and a gap that only grew by its jitter would bring their attempts together
+  again, where the model assumes them independent. A producer that appends before any other
+  has (it lists no one) attempts as if alone until a later listing or their versions show
+  them: a transient of a few attempts.
 
 ``FixedCadence(k)`` commits after every ``k`` appended objects (``k = 1``: every append), the
 baseline the benchmark compares against.
@@ -56,10 +63,15 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 
 class Cadence:
     """Decides when a producer attempts a commit, from what it observes."""
+
+    uses_contenders: ClassVar[bool] = False
+    """Whether ``contenders`` informs this cadence (so a producer lists the batch objects of a
+    young dataset before an attempt only for a cadence that uses what it finds)."""
 
     def due(self, pending: int, now: float) -> bool:
         """Whether to attempt a commit now, with ``pending`` objects appended but uncommitted."""
@@ -73,6 +85,11 @@ class Cadence:
     def start(self, window: float, writers: list[str], now: float) -> None:
         """Record what the producer saw when it opened the dataset: the seconds its read of the
         newest version took, and the producers that version lists as recent writers."""
+
+    def contenders(self, producers: list[str], now: float) -> None:
+        """Record the other producers seen preparing commits: those with objects in the store
+        that no version lists yet, looked up just before an attempt on a young dataset (an
+        attempt ``due`` no longer allows is put off)."""
 
     def delay(self, now: float) -> float:
         """Seconds from ``now`` until an attempt may start whatever is pending: what closing a
@@ -102,6 +119,7 @@ _SELF = "\0"
 class AdaptiveCadence(Cadence):
     """The adaptive commit cadence (DAC; see the module docstring)."""
 
+    uses_contenders: ClassVar[bool] = True
     conflict_budget: float = 0.1
     overhead_budget: float = 0.25
     jitter: float = 0.2
@@ -155,6 +173,17 @@ class AdaptiveCadence(Cadence):
             self.window = self.latest = window
         self._see(writers)
         self._next_gap(now)
+
+    def contenders(self, producers: list[str], now: float) -> None:
+        known = {*self._writers, self._own}
+        new = [p for p in dict.fromkeys(producers) if p not in known]
+        if not new:
+            return
+        self._see(new)
+        # Producers that start together would all reach the wider gap together: a phase drawn
+        # across the whole gap spreads their attempts as the model's independent ones.
+        self.gap = self._random.uniform(0.0, self.optimal_gap())
+        self.last_attempt = now
 
     def observe(self, window: float, conflicted: bool, writers: list[str], now: float) -> None:
         a = self.smoothing

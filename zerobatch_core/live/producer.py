@@ -13,8 +13,9 @@ shared primitive.
   If another producer got there first, it reads the winner, rebases on it and tries again; a
   version that already holds some of its items (a restart, a zombie twin) makes it drop them.
   When to attempt a commit is the cadence's decision (``live/cadence.py``: adaptive by
-  default); ``append`` commits by itself when the cadence says so, and ``close`` commits the
-  rest.
+  default); ``append`` commits by itself when the cadence says so (on a young dataset, once
+  a listing of the batch objects has told it which other producers are preparing commits),
+  and ``close`` commits the rest.
 * Exactly once across restarts: the manifest records each producer's committed offset. A
   producer opened with the same ``producer_id`` starts at that offset (``offset``), so the
   caller resumes its stream there: items committed before a crash are never appended again,
@@ -57,6 +58,7 @@ from zerobatch_spec import (
     token_max,
 )
 from zerobatch_spec.live import (
+    BATCHES_PREFIX,
     DEFAULT_SEGMENT_SIZE,
     DESCRIPTOR_NAME,
     MANIFESTS_PREFIX,
@@ -72,6 +74,7 @@ from zerobatch_spec.live import (
     commit_entries,
     empty_manifest,
     manifest_name,
+    parse_batch_name,
     parse_descriptor,
     seal,
 )
@@ -85,6 +88,9 @@ from .cadence import Cadence, make_cadence
 from .manifests import ChainError, LiveError, ManifestChain
 
 PROBE_PREFIX = "probes/"
+CONTENDERS_LISTED_BELOW = 64
+"""Committed entries below which an attempt is preceded by a listing of the batch objects
+(``LiveProducer._still_due``)."""
 
 
 class ConditionalCreateUnsupportedError(ZeroBatchError, OSError):
@@ -269,8 +275,38 @@ class LiveProducer:
         )
         self._pending.append(entry)
         self.offset += n
-        if self.cadence.due(len(self._pending), time.monotonic()):
+        if self.cadence.due(len(self._pending), time.monotonic()) and self._still_due():
             self.commit(retry=False)
+
+    def _still_due(self) -> bool:
+        """Whether the attempt the cadence asks for is still due once it knows the producers
+        preparing commits beside this one (``Cadence.contenders``).
+
+        Producers that start together on a fresh dataset see nothing of each other in its
+        versions until their commits land; their batch objects are in the store before that.
+        So, while the newest version lists fewer than ``CONTENDERS_LISTED_BELOW`` entries and
+        no sealed segment (the listing is then one short request), each attempt is preceded
+        by a listing of ``batches/``: the producers with an object at or beyond their
+        committed offset are preparing commits. A cadence that does not use them
+        (``Cadence.uses_contenders``: a fixed one) costs no listing.
+        """
+        if (
+            not self.cadence.uses_contenders
+            or self.base.segments
+            or len(self.base.tail) >= CONTENDERS_LISTED_BELOW
+        ):
+            return True
+        committed = {name: state.offset for name, state in self.base.producers.items()}
+        preparing = []
+        for key in self.store.list_keys(BATCHES_PREFIX):
+            parsed = parse_batch_name(key)
+            if parsed is not None and parsed[0] != self.producer_id:
+                producer, offset = parsed
+                if offset >= committed.get(producer, 0):
+                    preparing.append(producer)
+        now = time.monotonic()
+        self.cadence.contenders(list(dict.fromkeys(preparing)), now)
+        return self.cadence.due(len(self._pending), now)
 
     def commit(self, *, retry: bool = True, timeout: float = 300.0) -> bool:
         """Publish the pending objects: ``True`` once a manifest version holds them all.
@@ -300,9 +336,10 @@ class LiveProducer:
         fragile window the cadence measures: another commit landing inside it is a conflict,
         after which this producer rebases on the winner (its items already there are dropped)
         for its next attempt. The reads of the versions committed since the last attempt come
-        before it and are not part of it (they are part of the attempt's time in ``stats``).
-        Every version read is checked to follow from the base before it becomes the base
-        (``ChainError`` otherwise, with nothing pending dropped).
+        before it and are not part of it (they are part of the attempt's time in ``stats``),
+        and so do the segments this commit seals, followed by one more read of the next
+        version. Every version read is checked to follow from the base before it becomes the
+        base (``ChainError`` otherwise, with nothing pending dropped).
         """
         started = time.monotonic()
         newer = self.chain.follow(self.base, list_on_gap=False)
@@ -313,6 +350,23 @@ class LiveProducer:
         # Only entries the base has committed are sealed: a segment's bytes are then the same
         # whoever writes it, and a commit that loses its race leaves no segment of its own.
         sealed, segments = seal(self.base, self.descriptor.segment_size, _digest)
+        opened, reads = started, len(newer) + 1
+        if segments:
+            # A version landing while they are written cannot spoil them (the version after
+            # the base seals the same entries into the same objects): write them before the
+            # fragile window, which opens with one more read.
+            for name, data in segments:
+                self.store.write(name, data)
+            opened = time.monotonic()
+            again = self.chain.follow(self.base, list_on_gap=False)
+            read = time.monotonic()
+            reads = len(again) + 1
+            segments = []
+            if again:  # seal the newest instead (its base's segments are those written above)
+                writers += self._rebase(again)
+                if not self._pending:
+                    return True
+                sealed, segments = seal(self.base, self.descriptor.segment_size, _digest)
         try:
             candidate, _ = commit_entries(
                 sealed, self.producer_id, self._pending, secrets.token_hex(8)
@@ -341,9 +395,9 @@ class LiveProducer:
         self.stats.attempts += 1
         self.stats.manifest_seconds += window
         self.stats.windows.append(window)
-        # The read that found no newer version is the last of len(newer) + 1, taken as long
-        # as their average: the fragile window opens when it starts.
-        fragile = now - read + (read - started) / (len(newer) + 1)
+        # The read that found no newer version is the last of the reads since ``opened``,
+        # taken as long as their average: the fragile window opens when it starts.
+        fragile = now - read + (read - opened) / reads
         self.cadence.observe(fragile, not created, writers, now)
         return created
 
