@@ -416,6 +416,8 @@ class Plan:
                 "bytes_per_second": self.job_ranks * self.step_bytes / self.step_seconds,
                 "key_prefixes": list(self.prefixes),
                 "requests_per_second_busiest_prefix": self.prefix_rate,
+                # the same figure under its earlier name: with one prefix, its whole rate
+                "requests_per_second_per_prefix": self.prefix_rate,
             },
             "warnings": list(self.warnings),
         }
