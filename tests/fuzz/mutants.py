@@ -1012,9 +1012,10 @@ def _byte_op(rng: random.Random, name: str, data: bytes) -> Op:
 
 
 def _dataset_bases() -> tuple[Tree, ...]:
-    """Five small valid dataset directories, built by ZeroBatch's own writers (the third of
-    uint16 tokens, the last two of manifest version 2, with a shard index), and the valid
-    LLMBATCH file ``outside.batch`` that lives beside each (the target of traversal names)."""
+    """Six small valid dataset directories, built by ZeroBatch's own writers (the third of
+    uint16 tokens, the last three of manifest version 2, with a shard index, the sixth with
+    its names spread over 4 key prefixes), and the valid LLMBATCH file ``outside.batch`` that
+    lives beside each (the target of traversal names)."""
     from zerobatch_core import create_dataset, write_batch_file, write_sharded_dataset
 
     bases: list[Tree] = []
@@ -1067,7 +1068,18 @@ def _dataset_bases() -> tuple[Tree, ...]:
         for name in ("b.batch", "a.batch"):
             shutil.copyfile(os.path.join(b, name), os.path.join(e, name))
         create_dataset(e, ["b.batch", "a.batch"], seed=9, manifest_version=2)
-        for root in (a, b, c, d, e):
+        f = os.path.join(tmp, "f")  # shards 0-shard-00000.batch ... 1-shard-00005.batch
+        write_sharded_dataset(
+            f,
+            [records],
+            batch_size=2,
+            seq_len=8,
+            shard_batches=1,
+            seed=7,
+            manifest_version=2,
+            prefixes=4,
+        )
+        for root in (a, b, c, d, e, f):
             files = {}
             for name in sorted(os.listdir(root)):
                 with open(os.path.join(root, name), "rb") as f:
