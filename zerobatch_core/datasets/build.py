@@ -623,35 +623,22 @@ def write_sharded_dataset(
                     "line) to write it anyway"
                 )
             listed = sources() if callable(sources) else sources
-            if stage is not None:
-                manifest = commit_manifest(
-                    out,
-                    shards,
-                    checksums,
-                    batch_size,
-                    seq_len,
-                    seed,
-                    listed,
-                    False,
-                    dtype=chosen,
-                    manifest_version=manifest_version,
-                    prefixes=prefixes,
-                )
-                stage.commit()
-                return manifest
             manifest = commit_manifest(
-                path,
+                out,  # the staging directory, or the dataset's own where nothing is staged
                 shards,
                 checksums,
                 batch_size,
                 seq_len,
                 seed,
                 listed,
-                overwrite,
+                overwrite and stage is None,
                 dtype=chosen,
                 manifest_version=manifest_version,
                 prefixes=prefixes,
             )
+            if stage is not None:
+                stage.commit()
+                return manifest
         except BaseException:
             if stage is not None:
                 stage.discard()
